@@ -1,0 +1,128 @@
+/**
+ * Typed errors with stable codes (undici style). Every failure that can reach a
+ * client or a user is one of these; `nbd/errno.ts` maps them to NBD errnos in one
+ * place, and the CLI prints `message` (which says what to do) and exits non-zero.
+ *
+ * Grouped by what the caller must do:
+ * - retry later:      StoreUnavailableError
+ * - fix the input:    InvalidArgumentError, OutOfRangeError, NotFoundError, AlreadyExistsError
+ * - not allowed:      ReadOnlyError, LeaseHeldError, NotSupportedError
+ * - terminal:         FencedError (another host took the volume), ShutdownError, CorruptError
+ */
+
+export type BatonErrorCode =
+  | 'BATON_ERR_INVALID_ARGUMENT'
+  | 'BATON_ERR_OUT_OF_RANGE'
+  | 'BATON_ERR_NO_SPACE'
+  | 'BATON_ERR_READ_ONLY'
+  | 'BATON_ERR_NOT_SUPPORTED'
+  | 'BATON_ERR_NOT_FOUND'
+  | 'BATON_ERR_ALREADY_EXISTS'
+  | 'BATON_ERR_PRECONDITION_FAILED'
+  | 'BATON_ERR_STORE_UNAVAILABLE'
+  | 'BATON_ERR_STORE_UNSAFE'
+  | 'BATON_ERR_IO'
+  | 'BATON_ERR_LEASE_HELD'
+  | 'BATON_ERR_LEASE_LOST'
+  | 'BATON_ERR_FENCED'
+  | 'BATON_ERR_SHUTDOWN'
+  | 'BATON_ERR_CORRUPT'
+  | 'BATON_ERR_TIMEOUT';
+
+export class BatonError extends Error {
+  readonly code: BatonErrorCode;
+  constructor(code: BatonErrorCode, message: string, options?: { cause?: unknown }) {
+    super(message, options);
+    this.name = new.target.name;
+    this.code = code;
+  }
+}
+
+/** Bad input from a client or a user: fix the request. */
+export class InvalidArgumentError extends BatonError {
+  constructor(message: string) { super('BATON_ERR_INVALID_ARGUMENT', message); }
+}
+
+/** A read, trim or block-status past the end of the volume. */
+export class OutOfRangeError extends BatonError {
+  constructor(message: string) { super('BATON_ERR_OUT_OF_RANGE', message); }
+}
+
+/** A write past the end of the volume (NBD says ENOSPC for this). */
+export class NoSpaceError extends BatonError {
+  constructor(message: string) { super('BATON_ERR_NO_SPACE', message); }
+}
+
+export class ReadOnlyError extends BatonError {
+  constructor(message: string) { super('BATON_ERR_READ_ONLY', message); }
+}
+
+/** The operation cannot be done the way it was asked (e.g. FAST_ZERO that would not be fast). */
+export class NotSupportedError extends BatonError {
+  constructor(message: string) { super('BATON_ERR_NOT_SUPPORTED', message); }
+}
+
+export class NotFoundError extends BatonError {
+  constructor(message: string) { super('BATON_ERR_NOT_FOUND', message); }
+}
+
+export class AlreadyExistsError extends BatonError {
+  constructor(message: string) { super('BATON_ERR_ALREADY_EXISTS', message); }
+}
+
+/** A create-only (If-None-Match: *) put found the key taken. The store's word, not ours. */
+export class PreconditionFailedError extends BatonError {
+  constructor(message: string) { super('BATON_ERR_PRECONDITION_FAILED', message); }
+}
+
+/** The object store did not answer or answered with a transient error: retry later. */
+export class StoreUnavailableError extends BatonError {
+  constructor(message: string, options?: { cause?: unknown }) { super('BATON_ERR_STORE_UNAVAILABLE', message, options); }
+}
+
+/** The store does not honour create-only puts: running on it would make fencing a lie. */
+export class StoreUnsafeError extends BatonError {
+  constructor(message: string) { super('BATON_ERR_STORE_UNSAFE', message); }
+}
+
+/** A local I/O failure (cache disk, local file backend). */
+export class IoError extends BatonError {
+  constructor(message: string, options?: { cause?: unknown }) { super('BATON_ERR_IO', message, options); }
+}
+
+/** Another host holds the volume's lease. The message names the holder. */
+export class LeaseHeldError extends BatonError {
+  constructor(message: string) { super('BATON_ERR_LEASE_HELD', message); }
+}
+
+/** This host's lease could not be renewed in time; it stops acknowledging writes. */
+export class LeaseLostError extends BatonError {
+  constructor(message: string) { super('BATON_ERR_LEASE_LOST', message); }
+}
+
+/** A newer holder committed a takeover record: this host can never write this volume again under its old token. */
+export class FencedError extends BatonError {
+  constructor(message: string) { super('BATON_ERR_FENCED', message); }
+}
+
+export class ShutdownError extends BatonError {
+  constructor(message: string) { super('BATON_ERR_SHUTDOWN', message); }
+}
+
+/** Stored metadata failed validation: do not guess, stop and report. */
+export class CorruptError extends BatonError {
+  constructor(message: string) { super('BATON_ERR_CORRUPT', message); }
+}
+
+export class TimeoutError extends BatonError {
+  constructor(message: string) { super('BATON_ERR_TIMEOUT', message); }
+}
+
+export function isBatonError(err: unknown, code?: BatonErrorCode): err is BatonError {
+  return err instanceof BatonError && (code === undefined || err.code === code);
+}
+
+export function errorMessage(err: unknown): string {
+  if (err instanceof Error) return err.message;
+  return String(err);
+}
