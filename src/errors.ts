@@ -27,7 +27,8 @@ export type BatonErrorCode =
   | 'BATON_ERR_FENCED'
   | 'BATON_ERR_SHUTDOWN'
   | 'BATON_ERR_CORRUPT'
-  | 'BATON_ERR_TIMEOUT';
+  | 'BATON_ERR_TIMEOUT'
+  | 'BATON_ERR_PROTOCOL';
 
 export class BatonError extends Error {
   readonly code: BatonErrorCode;
@@ -116,6 +117,11 @@ export class CorruptError extends BatonError {
 
 export class TimeoutError extends BatonError {
   constructor(message: string) { super('BATON_ERR_TIMEOUT', message); }
+}
+
+/** The peer broke a MUST of the NBD protocol (bad magic, unknown client flags): the connection is dropped. */
+export class ProtocolError extends BatonError {
+  constructor(message: string) { super('BATON_ERR_PROTOCOL', message); }
 }
 
 export function isBatonError(err: unknown, code?: BatonErrorCode): err is BatonError {

@@ -1,0 +1,165 @@
+#!/usr/bin/env node
+/**
+ * The `baton` command: a thin commander layer. It parses, validates, builds configuration
+ * and calls src/ and nbd/; no storage logic lives here. Logs go to stderr, data (and
+ * --json) to stdout. Exit codes: 0 success, 1 failure, 2 usage error.
+ */
+
+import { Command, InvalidArgumentError as CommanderInvalidArgument, Option } from 'commander';
+import { NbdServer, type ListenAddress } from '../nbd/server.js';
+import { openCatalog } from '../src/catalog.js';
+import { DEFAULT_LISTEN, defaultStoreUrl, parseListen } from '../src/config.js';
+import { BatonError, errorMessage, isBatonError } from '../src/errors.js';
+import { makeLogger } from '../src/log.js';
+import { formatSize, parseSize } from '../src/size.js';
+import { VolumeExports, type VolumeInfo } from '../src/volumes.js';
+
+function sizeArg(v: string): number {
+  try { return parseSize(v); } catch (err) { throw new CommanderInvalidArgument(errorMessage(err)); }
+}
+
+function secondsArg(v: string): number {
+  const n = Number(v);
+  if (!Number.isFinite(n) || n < 0) throw new CommanderInvalidArgument(`not a number of seconds: ${v}`);
+  return n;
+}
+
+const storeOption = (): Option =>
+  new Option('--store <url>', 'where volumes live: file:DIR or memory:').default(defaultStoreUrl(), '$BATON_STORE or file:~/.local/share/baton/store');
+
+function printJson(v: unknown): void {
+  process.stdout.write(JSON.stringify(v, null, 2) + '\n');
+}
+
+function volumeJson(v: VolumeInfo): Record<string, unknown> {
+  return { name: v.name, size: v.size, createdAt: v.createdAt, storedBytes: v.storedBytes };
+}
+
+const program = new Command()
+  .name('baton')
+  .description('Workspaces for agents as NBD block devices: create volumes, serve them, attach them anywhere.')
+  .version('0.1.0')
+  .showHelpAfterError()
+  .configureHelp({ sortSubcommands: true })
+  .addHelpText('after', `
+Examples:
+  $ baton create work --size 10G          # a 10 GiB volume in the default store
+  $ baton serve                            # serve every volume on 127.0.0.1:10809
+  $ nbdinfo nbd://127.0.0.1/work           # look at it with any NBD client
+  $ baton ls --json`);
+
+program.command('serve')
+  .description('serve volumes over NBD; the export name is the volume name')
+  .option('--listen <host:port>', 'TCP address to listen on (loopback unless you ask)', DEFAULT_LISTEN)
+  .option('--socket <path>', 'listen on a Unix socket instead of TCP')
+  .addOption(storeOption())
+  .option('--read-only', 'export every volume read-only')
+  .option('--create <name>', 'create this volume first if it does not exist (with --size)')
+  .option('--size <size>', 'size for --create, e.g. 10G', sizeArg)
+  .option('--handshake-timeout <seconds>', 'close clients that do not finish the handshake in time', secondsArg, 30)
+  .option('--idle-grace <seconds>', 'keep a volume open this long after its last client leaves', secondsArg, 5)
+  .option('--log-level <level>', 'trace, debug, info, warn, error', process.env.BATON_LOG_LEVEL ?? 'info')
+  .addHelpText('after', `
+Examples:
+  $ baton serve --create work --size 10G
+  $ baton serve --socket /run/baton.sock --store file:/var/lib/baton
+  $ nbd-client -N work 127.0.0.1 10809 /dev/nbd0     # attach with the kernel client
+  $ nbdfuse /mnt/work nbd://127.0.0.1/work &         # or as a file through FUSE`)
+  .action(async (opts: { listen: string; socket?: string; store: string; readOnly?: boolean; create?: string; size?: number; handshakeTimeout: number; idleGrace: number; logLevel: string }) => {
+    const log = makeLogger(opts.logLevel);
+    const catalog = openCatalog(opts.store);
+    if (opts.create) {
+      if (opts.size === undefined) throw new BatonError('BATON_ERR_INVALID_ARGUMENT', '--create needs --size (for example --size 10G)');
+      try {
+        const v = await catalog.create(opts.create, opts.size);
+        log.info({ volume: v.name, size: v.size }, 'volume created');
+      } catch (err) {
+        if (!isBatonError(err, 'BATON_ERR_ALREADY_EXISTS')) throw err;
+      }
+    }
+    const exports = new VolumeExports(catalog, { readOnly: !!opts.readOnly, idleGraceMs: opts.idleGrace * 1000, log });
+    const server = new NbdServer(exports, { log, handshakeTimeoutMs: opts.handshakeTimeout * 1000 });
+    const addr: ListenAddress = opts.socket ? { path: opts.socket } : parseListen(opts.listen);
+    const bound = await server.listen(addr);
+    const uri = 'path' in bound ? `nbd+unix:///NAME?socket=${bound.path}` : `nbd://${bound.host.includes(':') ? `[${bound.host}]` : bound.host}:${bound.port}/NAME`;
+    log.info({ address: bound, store: catalog.description, uri }, 'listening');
+    let stopping = false;
+    const stop = async (signal: string): Promise<void> => {
+      if (stopping) return;
+      stopping = true;
+      log.info({ signal }, 'shutting down: finishing requests and flushing volumes');
+      await server.close();
+      await exports.close();
+      process.exit(0);
+    };
+    process.on('SIGINT', () => void stop('SIGINT'));
+    process.on('SIGTERM', () => void stop('SIGTERM'));
+  });
+
+program.command('create')
+  .description('create a volume')
+  .argument('<name>', 'volume name (letters, digits, . _ -)')
+  .requiredOption('--size <size>', 'logical size, e.g. 10G, 512M', sizeArg)
+  .addOption(storeOption())
+  .option('--json', 'print the new volume as JSON')
+  .addHelpText('after', `
+Examples:
+  $ baton create work --size 10G
+  $ baton create scratch --size 512M --store file:/tmp/baton --json`)
+  .action(async (name: string, opts: { size: number; store: string; json?: boolean }) => {
+    const v = await openCatalog(opts.store).create(name, opts.size);
+    if (opts.json) printJson(volumeJson(v));
+    else process.stdout.write(`created volume ${v.name} (${formatSize(v.size)}) in ${opts.store}\n`);
+  });
+
+program.command('ls')
+  .description('list volumes')
+  .addOption(storeOption())
+  .option('--json', 'print a JSON array')
+  .addHelpText('after', '\nExamples:\n  $ baton ls\n  $ baton ls --json | jq -r \'.[].name\'')
+  .action(async (opts: { store: string; json?: boolean }) => {
+    const vols = await openCatalog(opts.store).list();
+    if (opts.json) { printJson(vols.map(volumeJson)); return; }
+    if (vols.length === 0) { process.stdout.write(`no volumes in ${opts.store} (create one: baton create NAME --size 10G)\n`); return; }
+    const rows = [['NAME', 'SIZE', 'STORED', 'CREATED'], ...vols.map((v) => [v.name, formatSize(v.size), formatSize(v.storedBytes), v.createdAt])];
+    const widths = rows[0]!.map((_, i) => Math.max(...rows.map((r) => r[i]!.length)));
+    for (const r of rows) process.stdout.write(r.map((c, i) => c.padEnd(widths[i]!)).join('  ').trimEnd() + '\n');
+  });
+
+program.command('info')
+  .description('show one volume')
+  .argument('<name>')
+  .addOption(storeOption())
+  .option('--json', 'print JSON')
+  .addHelpText('after', '\nExamples:\n  $ baton info work\n  $ baton info work --json')
+  .action(async (name: string, opts: { store: string; json?: boolean }) => {
+    const v = await openCatalog(opts.store).info(name);
+    if (opts.json) { printJson(volumeJson(v)); return; }
+    process.stdout.write(`name:     ${v.name}\nsize:     ${formatSize(v.size)} (${v.size} bytes)\nstored:   ${formatSize(v.storedBytes)}\ncreated:  ${v.createdAt}\nstore:    ${opts.store}\n`);
+  });
+
+program.command('rm')
+  .description('remove a volume and its data')
+  .argument('<name>')
+  .addOption(storeOption())
+  .addHelpText('after', '\nExamples:\n  $ baton rm scratch')
+  .action(async (name: string, opts: { store: string }) => {
+    await openCatalog(opts.store).remove(name);
+    process.stdout.write(`removed volume ${name}\n`);
+  });
+
+program.exitOverride((err) => {
+  // Usage errors exit 2; --help and --version exit 0.
+  process.exit(err.exitCode === 0 ? 0 : 2);
+});
+
+try {
+  await program.parseAsync();
+} catch (err) {
+  if (err instanceof BatonError) {
+    process.stderr.write(`baton: ${err.message}\n`);
+    process.exit(err.code === 'BATON_ERR_INVALID_ARGUMENT' ? 2 : 1);
+  }
+  process.stderr.write(`baton: ${errorMessage(err)}\n`);
+  process.exit(1);
+}

@@ -1,0 +1,69 @@
+/**
+ * The one interface between the protocol and storage (nbdkit's `struct backend`).
+ *
+ * The session validates every request once (range, flags, read-only, alignment) before it
+ * calls a backend, so backends may assume: 0 <= offset, offset + length <= size, length > 0,
+ * and write-type calls only on writable backends. Backends take byte-granular requests
+ * (sub-block writes are read-modify-write inside them).
+ *
+ * Ordering contract, which CAN_MULTI_CONN relies on: one backend object serves every
+ * connection of an export; a `flush()` that resolves has made durable every write, trim and
+ * zero whose promise resolved before the flush was called, from any connection. Writes are
+ * applied in call order, so a replayed stale write issued earlier can never overwrite a
+ * newer one issued later (kernel timeouts re-queue requests on another connection).
+ */
+
+import type { Extent } from './codec.js';
+
+export type { Extent };
+
+export interface ZeroOptions {
+  fua: boolean;
+  /** Without NO_HOLE the backend may deallocate (punch a hole) instead of writing zeroes. */
+  mayTrim: boolean;
+  /** FAST_ZERO: fail quickly with NotSupportedError unless zeroing is faster than writing. */
+  fastZero: boolean;
+}
+
+export interface BlockBackend {
+  /** Size in bytes; a multiple of 512. */
+  readonly size: number;
+  readonly readOnly: boolean;
+  read(offset: number, length: number): Promise<Buffer>;
+  /** `data` is owned by the backend after the call (the session never reuses it). */
+  write(offset: number, data: Buffer, fua: boolean): Promise<void>;
+  flush(): Promise<void>;
+  trim(offset: number, length: number, fua: boolean): Promise<void>;
+  zero(offset: number, length: number, options: ZeroOptions): Promise<void>;
+  /**
+   * base:allocation extents starting exactly at `offset`, contiguous, together covering at
+   * least part of the range (they may stop early or run past it). Flags: NBD_STATE_HOLE,
+   * NBD_STATE_ZERO.
+   */
+  blockStatus(offset: number, length: number): Promise<Extent[]>;
+  /** Read-ahead hint (NBD_CMD_CACHE): must not change what reads return. */
+  cache(offset: number, length: number): Promise<void>;
+}
+
+/** An export opened for one connection; `release()` when the connection is gone. */
+export interface ExportHandle {
+  readonly name: string;
+  readonly description: string;
+  readonly backend: BlockBackend;
+  release(): void;
+}
+
+export interface ExportSummary {
+  name: string;
+  description: string;
+}
+
+/**
+ * Where the server finds exports by name. `open` throws NotFoundError for an unknown name
+ * (the client gets NBD_REP_ERR_UNKNOWN) and may throw LeaseHeldError, ShutdownError, ...
+ * The empty name "" (kernel nbd-client without -N) is resolved by the provider.
+ */
+export interface ExportProvider {
+  list(): Promise<ExportSummary[]>;
+  open(name: string): Promise<ExportHandle>;
+}

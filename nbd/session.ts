@@ -1,0 +1,463 @@
+/**
+ * One NBD connection: handshake (fixed newstyle option haggling), then transmission, over
+ * any Duplex (TCP, Unix socket, an in-memory pair in tests).
+ *
+ * Invariants:
+ * - Every request is validated once (validate.ts) before the backend sees it.
+ * - Requests are dispatched in arrival order and may complete out of order; each reply is
+ *   one atomic sequence of writes (cork/uncork), so frames never interleave.
+ * - A READ's data is fully in hand before its reply header goes out (an error after a
+ *   success header would force a hard disconnect).
+ * - After STRUCTURED_REPLY, READ and BLOCK_STATUS always get structured replies (even for
+ *   EINVAL); other commands get simple replies, which the spec allows.
+ * - Memory per connection is bounded: at most `maxInflight` requests and `maxInflightBytes`
+ *   payload bytes are held; beyond that we stop reading the socket.
+ * - A request's slot is released only when its reply was handed to the socket, so a client
+ *   that never reads replies stalls itself, not the server.
+ */
+
+import type { Duplex } from 'node:stream';
+import { InvalidArgumentError, ProtocolError, errorMessage } from '../src/errors.js';
+import type { Logger } from '../src/log.js';
+import type { BlockBackend, ExportHandle, ExportProvider } from './backend.js';
+import * as codec from './codec.js';
+import * as C from './constants.js';
+import { toNbdErrno, toOptionError } from './errno.js';
+import { ConnectionClosedError, FrameReader } from './reader.js';
+import { COMMAND_NAMES, alignExtents, transmissionFlags, validateRequest, type ValidationContext } from './validate.js';
+
+export interface SessionOptions {
+  log: Logger;
+  /** A client must finish option haggling within this time (a VM's client opens its socket ~3 s before speaking). */
+  handshakeTimeoutMs: number;
+  maxInflight: number;
+  maxInflightBytes: number;
+  /** Largest READ/WRITE accepted (the spec asks servers to take 32 MiB; libnbd tools send up to 64 MiB). */
+  maxPayload: number;
+  blockSize: { min: number; preferred: number; max: number };
+  maxOptions: number;
+  maxOptionLength: number;
+}
+
+export const DEFAULT_SESSION_OPTIONS: Omit<SessionOptions, 'log'> = {
+  handshakeTimeoutMs: 30_000,
+  maxInflight: 128,
+  maxInflightBytes: 256 * 1024 * 1024,
+  maxPayload: 64 * 1024 * 1024,
+  blockSize: { min: 512, preferred: 4096, max: 32 * 1024 * 1024 },
+  maxOptions: 128,
+  maxOptionLength: 64 * 1024,
+};
+
+const HANDSHAKE_FLAGS = C.NBD_FLAG_FIXED_NEWSTYLE | C.NBD_FLAG_NO_ZEROES;
+const BASE_ALLOCATION_ID = 1;
+
+/** Thrown inside the session to end it quietly (client aborted, or we must hang up). */
+class EndSession extends Error {}
+
+export class NbdSession {
+  private readonly reader: FrameReader;
+  private structured = false;
+  private metaContextExport: string | null = null; // export name base:allocation was selected for
+  private handle: ExportHandle | null = null;
+  private inflight = 0;
+  private inflightBytes = 0;
+  private slotWaiter: (() => void) | null = null;
+  private drainWaiter: (() => void) | null = null;
+  private shuttingDown = false;
+  private closed = false;
+
+  constructor(private readonly sock: Duplex, private readonly provider: ExportProvider, private readonly opts: SessionOptions) {
+    this.reader = new FrameReader(sock, Math.max(opts.maxInflightBytes / 2, opts.maxPayload + 1024));
+    sock.on('error', (err) => opts.log.debug({ err: errorMessage(err) }, 'socket error'));
+    sock.on('close', () => { this.closed = true; });
+  }
+
+  /** The export this connection is attached to, once transmission started. */
+  get exportName(): string | null { return this.handle?.name ?? null; }
+
+  /** Runs the connection to its end; never rejects. */
+  async run(): Promise<void> {
+    try {
+      const timer = setTimeout(() => {
+        this.opts.log.info('handshake timed out; closing connection');
+        this.sock.destroy();
+      }, this.opts.handshakeTimeoutMs);
+      let handle: { handle: ExportHandle; noZeroes: boolean } | null;
+      try {
+        handle = await this.handshake();
+      } finally {
+        clearTimeout(timer);
+      }
+      if (!handle) return;
+      this.handle = handle.handle;
+      await this.transmission(handle.handle.backend);
+    } catch (err) {
+      if (!(err instanceof ConnectionClosedError) && !(err instanceof EndSession)) {
+        this.opts.log.warn({ err: errorMessage(err) }, 'closing connection after protocol error');
+      }
+    } finally {
+      await this.waitIdle();
+      this.handle?.release();
+      this.handle = null;
+      if (!this.sock.destroyed) this.sock.destroy();
+    }
+  }
+
+  /**
+   * Graceful shutdown (server stopping, or the volume handed to another host): requests
+   * already dispatched finish, new ones get ESHUTDOWN, then the connection closes.
+   */
+  shutdown(): void {
+    if (this.shuttingDown) return;
+    this.shuttingDown = true;
+    if (!this.handle) { this.sock.destroy(); return; }
+    void this.waitIdle().then(() => this.sock.destroy());
+  }
+
+  // ------------------------------------------------------------ handshake
+
+  private send(...bufs: Buffer[]): void {
+    if (this.closed || this.sock.destroyed) return;
+    this.sock.cork();
+    for (const b of bufs) this.sock.write(b);
+    this.sock.uncork();
+  }
+
+  private async readFrame(n: number): Promise<Buffer> {
+    return this.reader.tryRead(n) ?? this.reader.read(n);
+  }
+
+  private async handshake(): Promise<{ handle: ExportHandle; noZeroes: boolean } | null> {
+    this.send(codec.encodeGreeting(HANDSHAKE_FLAGS));
+    const clientFlags = codec.decodeClientFlags(await this.readFrame(4), HANDSHAKE_FLAGS);
+    const fixed = (clientFlags & C.NBD_FLAG_C_FIXED_NEWSTYLE) !== 0;
+    const noZeroes = (clientFlags & C.NBD_FLAG_C_NO_ZEROES) !== 0;
+
+    for (let count = 0; ; count++) {
+      if (count >= this.opts.maxOptions) throw new ProtocolError(`more than ${this.opts.maxOptions} options`);
+      const { option, length } = codec.decodeOptionHeader(await this.readFrame(C.OPTION_HEADER_SIZE));
+      if (length > this.opts.maxOptionLength) throw new ProtocolError(`option ${option} length ${length} too large`);
+      const data = length > 0 ? await this.readFrame(length) : Buffer.alloc(0);
+      if (this.shuttingDown) {
+        if (option === C.NBD_OPT_EXPORT_NAME) throw new EndSession();
+        this.send(codec.encodeOptionError(option, C.NBD_REP_ERR_SHUTDOWN, 'server is shutting down'));
+        continue;
+      }
+      if (!fixed && option !== C.NBD_OPT_EXPORT_NAME) {
+        // Without FIXED_NEWSTYLE the client cannot parse option replies.
+        throw new ProtocolError(`option ${option} from a non-fixed-newstyle client`);
+      }
+      const result = await this.handleOption(option, data, noZeroes);
+      if (result === 'abort') throw new EndSession();
+      if (result) return { handle: result, noZeroes };
+    }
+  }
+
+  /** Returns an export handle when transmission should start, 'abort' to hang up, or null to go on haggling. */
+  private async handleOption(option: number, data: Buffer, noZeroes: boolean): Promise<ExportHandle | 'abort' | null> {
+    const log = this.opts.log;
+    switch (option) {
+      case C.NBD_OPT_EXPORT_NAME: {
+        let name: string;
+        try {
+          name = data.toString('utf8');
+          if (Buffer.byteLength(name) !== data.length || name.includes('\0')) throw new InvalidArgumentError('export name is not valid UTF-8');
+        } catch {
+          return 'abort';
+        }
+        let h: ExportHandle;
+        try {
+          h = await this.provider.open(name);
+        } catch (err) {
+          // EXPORT_NAME has no error reply: the spec says close the connection.
+          log.info({ export: name, err: errorMessage(err) }, 'EXPORT_NAME refused');
+          return 'abort';
+        }
+        this.send(codec.encodeExportNameReply(h.backend.size, this.flagsFor(h.backend), noZeroes));
+        log.debug({ export: name }, 'attached (EXPORT_NAME)');
+        return h;
+      }
+      case C.NBD_OPT_ABORT:
+        this.send(codec.encodeOptionReply(option, C.NBD_REP_ACK));
+        return 'abort';
+      case C.NBD_OPT_LIST: {
+        if (data.length !== 0) {
+          this.send(codec.encodeOptionError(option, C.NBD_REP_ERR_INVALID, 'LIST takes no data'));
+          return null;
+        }
+        let exports;
+        try {
+          exports = await this.provider.list();
+        } catch (err) {
+          this.send(codec.encodeOptionError(option, toOptionError(err), errorMessage(err)));
+          return null;
+        }
+        const replies = exports.map((e) => codec.encodeOptionReply(option, C.NBD_REP_SERVER, codec.encodeServerEntry(e.name, e.description)));
+        this.send(...replies, codec.encodeOptionReply(option, C.NBD_REP_ACK));
+        return null;
+      }
+      case C.NBD_OPT_INFO:
+      case C.NBD_OPT_GO:
+        return this.handleInfoOrGo(option, data);
+      case C.NBD_OPT_STRUCTURED_REPLY:
+        if (data.length !== 0) this.send(codec.encodeOptionError(option, C.NBD_REP_ERR_INVALID, 'STRUCTURED_REPLY takes no data'));
+        else if (this.structured) this.send(codec.encodeOptionError(option, C.NBD_REP_ERR_INVALID, 'structured replies already negotiated'));
+        else {
+          this.structured = true;
+          this.send(codec.encodeOptionReply(option, C.NBD_REP_ACK));
+        }
+        return null;
+      case C.NBD_OPT_LIST_META_CONTEXT:
+      case C.NBD_OPT_SET_META_CONTEXT:
+        this.handleMetaContext(option, data);
+        return null;
+      case C.NBD_OPT_STARTTLS:
+        this.send(codec.encodeOptionError(option, C.NBD_REP_ERR_UNSUP, 'TLS is not supported by this server'));
+        return null;
+      default:
+        // Unknown options (EXTENDED_HEADERS included, for now): payload consumed, ERR_UNSUP, go on.
+        this.send(codec.encodeOptionError(option, C.NBD_REP_ERR_UNSUP, `option ${option} is not supported`));
+        return null;
+    }
+  }
+
+  private async handleInfoOrGo(option: number, data: Buffer): Promise<ExportHandle | null> {
+    let req: codec.InfoRequest;
+    try {
+      req = codec.decodeInfoRequest(data);
+    } catch (err) {
+      this.send(codec.encodeOptionError(option, C.NBD_REP_ERR_INVALID, errorMessage(err)));
+      return null;
+    }
+    let h: ExportHandle;
+    try {
+      h = await this.provider.open(req.name);
+    } catch (err) {
+      this.opts.log.info({ export: req.name, err: errorMessage(err) }, option === C.NBD_OPT_GO ? 'GO refused' : 'INFO refused');
+      this.send(codec.encodeOptionError(option, toOptionError(err), errorMessage(err)));
+      return null;
+    }
+    const replies: Buffer[] = [];
+    const info = (b: Buffer): void => { replies.push(codec.encodeOptionReply(option, C.NBD_REP_INFO, b)); };
+    // NBD_INFO_EXPORT goes out even unrequested: qemu fails without it.
+    info(codec.encodeInfoExport(h.backend.size, this.flagsFor(h.backend)));
+    const asked = new Set(req.infoTypes);
+    if (asked.has(C.NBD_INFO_NAME)) info(codec.encodeInfoString(C.NBD_INFO_NAME, h.name));
+    if (asked.has(C.NBD_INFO_DESCRIPTION)) info(codec.encodeInfoString(C.NBD_INFO_DESCRIPTION, h.description));
+    if (asked.has(C.NBD_INFO_BLOCK_SIZE)) {
+      const bs = this.opts.blockSize;
+      info(codec.encodeInfoBlockSize(bs.min, bs.preferred, bs.max));
+    }
+    replies.push(codec.encodeOptionReply(option, C.NBD_REP_ACK));
+    this.send(...replies);
+    if (option === C.NBD_OPT_INFO) {
+      h.release();
+      return null;
+    }
+    // Meta context selection applies only to the export GO names.
+    if (this.metaContextExport !== null && this.metaContextExport !== req.name && this.metaContextExport !== h.name) {
+      this.metaContextExport = null;
+    }
+    this.opts.log.debug({ export: h.name, structured: this.structured }, 'attached (GO)');
+    return h;
+  }
+
+  private handleMetaContext(option: number, data: Buffer): void {
+    let req: codec.MetaContextRequest;
+    try {
+      req = codec.decodeMetaContextRequest(data);
+    } catch (err) {
+      this.send(codec.encodeOptionError(option, C.NBD_REP_ERR_INVALID, errorMessage(err)));
+      return;
+    }
+    const isSet = option === C.NBD_OPT_SET_META_CONTEXT;
+    if (isSet) {
+      // SET replaces the previous selection, even when it fails.
+      this.metaContextExport = null;
+      if (!this.structured) {
+        this.send(codec.encodeOptionError(option, C.NBD_REP_ERR_INVALID, 'SET_META_CONTEXT needs structured replies first'));
+        return;
+      }
+    }
+    // LIST with no queries means "all"; "base:" is a wildcard for LIST only; unknown names are ignored.
+    const match = req.queries.length === 0
+      ? !isSet
+      : req.queries.some((q) => q === C.BASE_ALLOCATION || (!isSet && q === 'base:'));
+    const replies: Buffer[] = [];
+    if (match) {
+      replies.push(codec.encodeOptionReply(option, C.NBD_REP_META_CONTEXT, codec.encodeMetaContext(isSet ? BASE_ALLOCATION_ID : 0, C.BASE_ALLOCATION)));
+      if (isSet) this.metaContextExport = req.exportName;
+    }
+    replies.push(codec.encodeOptionReply(option, C.NBD_REP_ACK));
+    this.send(...replies);
+  }
+
+  private flagsFor(b: BlockBackend): number {
+    return transmissionFlags({ readOnly: b.readOnly, structuredReplies: this.structured });
+  }
+
+  // ------------------------------------------------------------ transmission
+
+  private async transmission(backend: BlockBackend): Promise<void> {
+    const ctx: ValidationContext = {
+      size: backend.size,
+      readOnly: backend.readOnly,
+      structuredReplies: this.structured,
+      blockStatusEnabled: this.structured && this.metaContextExport !== null,
+      maxPayload: this.opts.maxPayload,
+    };
+    for (;;) {
+      const req = codec.decodeRequest(await this.readFrame(C.REQUEST_SIZE));
+      if (req.type === C.NBD_CMD_DISC) {
+        await this.waitIdle();
+        if (!backend.readOnly && !this.shuttingDown) {
+          // nbdcopy and raw device users often end with DISC and no FLUSH: flush on their
+          // behalf, best effort (nobody is left to hear a failure; the data stays dirty).
+          try { await backend.flush(); } catch (err) { this.opts.log.warn({ err: errorMessage(err) }, 'flush on disconnect failed; data stays dirty for the next flush'); }
+        }
+        throw new EndSession();
+      }
+      let payload: Buffer | undefined;
+      if (req.type === C.NBD_CMD_WRITE) {
+        // A WRITE payload must be consumed even when the request is refused; one we will not
+        // buffer leaves no way to stay in sync, so that is the one case we hang up.
+        if (req.length > this.opts.maxPayload) throw new ProtocolError(`write payload of ${req.length} bytes exceeds ${this.opts.maxPayload}`);
+        await this.acquireSlot(req.length);
+        payload = req.length > 0 ? await this.readFrame(req.length) : Buffer.alloc(0);
+      } else {
+        await this.acquireSlot(req.type === C.NBD_CMD_READ ? Math.min(req.length, this.opts.maxPayload) : 0);
+      }
+      this.dispatch(backend, ctx, req, payload);
+    }
+  }
+
+  private async acquireSlot(bytes: number): Promise<void> {
+    while (this.inflight >= this.opts.maxInflight || (this.inflight > 0 && this.inflightBytes + bytes > this.opts.maxInflightBytes)) {
+      await new Promise<void>((resolve) => { this.slotWaiter = resolve; });
+    }
+    this.inflight++;
+    this.inflightBytes += bytes;
+  }
+
+  private releaseSlot(bytes: number): void {
+    this.inflight--;
+    this.inflightBytes -= bytes;
+    const w = this.slotWaiter;
+    if (w) { this.slotWaiter = null; w(); }
+    if (this.inflight === 0 && this.drainWaiter) { const d = this.drainWaiter; this.drainWaiter = null; d(); }
+  }
+
+  private waitIdle(): Promise<void> {
+    if (this.inflight === 0) return Promise.resolve();
+    return new Promise((resolve) => {
+      const prev = this.drainWaiter;
+      this.drainWaiter = () => { prev?.(); resolve(); };
+    });
+  }
+
+  /** Called synchronously in arrival order; the backend call starts before this returns. */
+  private dispatch(backend: BlockBackend, ctx: ValidationContext, req: codec.Request, payload: Buffer | undefined): void {
+    const slotBytes = req.type === C.NBD_CMD_WRITE ? req.length : req.type === C.NBD_CMD_READ ? Math.min(req.length, this.opts.maxPayload) : 0;
+    const done = (): void => this.releaseSlot(slotBytes);
+    const v = validateRequest(req, ctx);
+    if (!v.ok) {
+      this.opts.log.debug({ cmd: COMMAND_NAMES[req.type] ?? req.type, errno: v.errno, msg: v.message }, 'request refused');
+      this.replyError(req, v.errno, v.message, done);
+      return;
+    }
+    if (this.shuttingDown) {
+      this.replyError(req, C.NBD_ESHUTDOWN, 'server is shutting down', done);
+      return;
+    }
+    const fua = (req.flags & C.NBD_CMD_FLAG_FUA) !== 0;
+    let p: Promise<Buffer[] | null>;
+    try {
+      p = this.execute(backend, req, v.offset, v.length, fua, payload);
+    } catch (err) {
+      p = Promise.reject(err);
+    }
+    p.then(
+      (bufs) => this.reply(bufs ?? [this.okReply(req)], done),
+      (err: unknown) => {
+        const errno = toNbdErrno(err);
+        this.opts.log.warn({ cmd: COMMAND_NAMES[req.type], offset: v.offset, length: v.length, errno, err: errorMessage(err) }, 'request failed');
+        this.replyError(req, errno, errorMessage(err), done);
+      },
+    );
+  }
+
+  /** Resolves to the reply frames, or null for a plain success reply. */
+  private execute(backend: BlockBackend, req: codec.Request, offset: number, length: number, fua: boolean, payload: Buffer | undefined): Promise<Buffer[] | null> {
+    switch (req.type) {
+      case C.NBD_CMD_READ:
+        if (length === 0) return Promise.resolve(this.readReply(req, Buffer.alloc(0)));
+        return backend.read(offset, length).then((data) => this.readReply(req, data));
+      case C.NBD_CMD_WRITE:
+        if (length === 0) return fua ? backend.flush().then(() => null) : Promise.resolve(null);
+        return backend.write(offset, payload!, fua).then(() => null);
+      case C.NBD_CMD_FLUSH:
+        return backend.flush().then(() => null);
+      case C.NBD_CMD_TRIM:
+        if (length === 0) return Promise.resolve(null);
+        return backend.trim(offset, length, fua).then(() => null);
+      case C.NBD_CMD_WRITE_ZEROES:
+        if (length === 0) return Promise.resolve(null);
+        return backend.zero(offset, length, {
+          fua,
+          mayTrim: (req.flags & C.NBD_CMD_FLAG_NO_HOLE) === 0,
+          fastZero: (req.flags & C.NBD_CMD_FLAG_FAST_ZERO) !== 0,
+        }).then(() => null);
+      case C.NBD_CMD_CACHE:
+        if (length === 0) return Promise.resolve(null);
+        return backend.cache(offset, length).then(() => null);
+      case C.NBD_CMD_BLOCK_STATUS:
+        return backend.blockStatus(offset, length).then((extents) => this.blockStatusReply(req, backend.size, offset, length, extents));
+      default:
+        return Promise.reject(new InvalidArgumentError(`unknown command ${req.type}`));
+    }
+  }
+
+  private okReply(req: codec.Request): Buffer {
+    return codec.encodeSimpleReply(0, req.cookie);
+  }
+
+  private readReply(req: codec.Request, data: Buffer): Buffer[] {
+    if (!this.structured) return [codec.encodeSimpleReply(0, req.cookie), data];
+    if (data.length === 0) return [codec.encodeNoneChunk(req.cookie)];
+    return [codec.encodeOffsetDataHeader(req.cookie, req.offset, data.length, true), data];
+  }
+
+  private blockStatusReply(req: codec.Request, size: number, offset: number, length: number, raw: { length: number; flags: number }[]): Buffer[] {
+    let extents = alignExtents(raw.filter((e) => e.length > 0), offset, this.opts.blockSize.min, size);
+    // Clip at the end of the request (lengths are u32 on the wire) and cap the count.
+    const clipped: { length: number; flags: number }[] = [];
+    let covered = 0;
+    for (const e of extents) {
+      if (covered >= length || clipped.length >= 65536) break;
+      const len = Math.min(e.length, length - covered);
+      clipped.push({ length: len, flags: e.flags });
+      covered += len;
+    }
+    extents = clipped.length > 0 ? clipped : [{ length, flags: 0 }]; // status 0 is always safe
+    if (req.flags & C.NBD_CMD_FLAG_REQ_ONE) extents = extents.slice(0, 1);
+    return [codec.encodeBlockStatusChunk(req.cookie, BASE_ALLOCATION_ID, extents, true)];
+  }
+
+  private replyError(req: codec.Request, errno: number, message: string, done: () => void): void {
+    if (this.structured && (req.type === C.NBD_CMD_READ || req.type === C.NBD_CMD_BLOCK_STATUS)) {
+      this.reply([codec.encodeErrorChunk(req.cookie, errno, message, true)], done);
+    } else {
+      this.reply([codec.encodeSimpleReply(errno, req.cookie)], done);
+    }
+  }
+
+  private reply(bufs: Buffer[], done: () => void): void {
+    if (this.closed || this.sock.destroyed) { done(); return; }
+    this.sock.cork();
+    for (let i = 0; i < bufs.length - 1; i++) this.sock.write(bufs[i]!);
+    this.sock.write(bufs[bufs.length - 1]!, () => done());
+    this.sock.uncork();
+  }
+}
+

@@ -1,0 +1,102 @@
+/**
+ * A sparse in-memory backend (like `nbdkit memory`): for tests, benchmarks of the protocol
+ * layer, and `--store memory:`. Pages that were never written, or were trimmed or zeroed
+ * whole, hold no memory and report as holes. Nothing survives the process: flush has
+ * nothing to make durable, and says so by doing nothing.
+ */
+
+import type { BlockBackend, Extent, ZeroOptions } from '../../nbd/backend.js';
+import { NBD_STATE_HOLE, NBD_STATE_ZERO } from '../../nbd/constants.js';
+
+const PAGE = 64 * 1024;
+
+export class MemoryBackend implements BlockBackend {
+  private readonly pages = new Map<number, Buffer>();
+
+  constructor(readonly size: number, readonly readOnly = false) {}
+
+  /** Bytes of memory held by written pages. */
+  get allocatedBytes(): number { return this.pages.size * PAGE; }
+
+  async read(offset: number, length: number): Promise<Buffer> {
+    return this.readSync(offset, length);
+  }
+
+  readSync(offset: number, length: number): Buffer {
+    const out = Buffer.alloc(length);
+    let pos = offset;
+    const end = offset + length;
+    while (pos < end) {
+      const idx = Math.floor(pos / PAGE);
+      const inPage = pos - idx * PAGE;
+      const n = Math.min(PAGE - inPage, end - pos);
+      const page = this.pages.get(idx);
+      if (page) page.copy(out, pos - offset, inPage, inPage + n);
+      pos += n;
+    }
+    return out;
+  }
+
+  async write(offset: number, data: Buffer): Promise<void> {
+    this.writeSync(offset, data);
+  }
+
+  writeSync(offset: number, data: Buffer): void {
+    let pos = offset;
+    const end = offset + data.length;
+    while (pos < end) {
+      const idx = Math.floor(pos / PAGE);
+      const inPage = pos - idx * PAGE;
+      const n = Math.min(PAGE - inPage, end - pos);
+      let page = this.pages.get(idx);
+      if (!page) {
+        page = Buffer.alloc(PAGE);
+        this.pages.set(idx, page);
+      }
+      data.copy(page, inPage, pos - offset, pos - offset + n);
+      pos += n;
+    }
+  }
+
+  async flush(): Promise<void> {}
+
+  async trim(offset: number, length: number): Promise<void> {
+    this.zeroSync(offset, length);
+  }
+
+  async zero(offset: number, length: number, _options: ZeroOptions): Promise<void> {
+    // Zeroing is a map operation here, so FAST_ZERO is always satisfied.
+    this.zeroSync(offset, length);
+  }
+
+  private zeroSync(offset: number, length: number): void {
+    let pos = offset;
+    const end = offset + length;
+    while (pos < end) {
+      const idx = Math.floor(pos / PAGE);
+      const inPage = pos - idx * PAGE;
+      const n = Math.min(PAGE - inPage, end - pos);
+      if (n === PAGE) this.pages.delete(idx);
+      else this.pages.get(idx)?.fill(0, inPage, inPage + n);
+      pos += n;
+    }
+  }
+
+  async blockStatus(offset: number, length: number): Promise<Extent[]> {
+    const out: Extent[] = [];
+    let pos = offset;
+    const end = offset + length;
+    while (pos < end) {
+      const idx = Math.floor(pos / PAGE);
+      const n = Math.min((idx + 1) * PAGE, end) - pos;
+      const flags = this.pages.has(idx) ? 0 : NBD_STATE_HOLE | NBD_STATE_ZERO;
+      const last = out[out.length - 1];
+      if (last && last.flags === flags) last.length += n;
+      else out.push({ length: n, flags });
+      pos += n;
+    }
+    return out;
+  }
+
+  async cache(): Promise<void> {}
+}
