@@ -7,7 +7,10 @@
 
 import { Command, InvalidArgumentError as CommanderInvalidArgument, Option } from 'commander';
 import { NbdServer, type ListenAddress } from '../nbd/server.js';
-import { openCatalog } from '../src/catalog.js';
+import { defaultCacheDir, openCatalog, type CatalogOptions } from '../src/catalog.js';
+import { probeStore } from '../src/store/probe.js';
+import { StoreCatalog } from '../src/volume/catalog.js';
+import type { Logger } from '../src/log.js';
 import { DEFAULT_LISTEN, defaultStoreUrl, parseListen } from '../src/config.js';
 import { BatonError, errorMessage, isBatonError } from '../src/errors.js';
 import { makeLogger } from '../src/log.js';
@@ -25,7 +28,21 @@ function secondsArg(v: string): number {
 }
 
 const storeOption = (): Option =>
-  new Option('--store <url>', 'where volumes live: file:DIR or memory:').default(defaultStoreUrl(), '$BATON_STORE or file:~/.local/share/baton/store');
+  new Option('--store <url>', 'where volumes live: file:DIR, s3://bucket[/prefix], memory:').default(defaultStoreUrl(), '$BATON_STORE or file:~/.local/share/baton/store');
+
+interface StoreFlags { store: string; endpoint?: string; region?: string }
+
+/** The options every command that touches a store takes. */
+function withStore(cmd: Command): Command {
+  return cmd
+    .addOption(storeOption())
+    .addOption(new Option('--endpoint <url>', 'S3-compatible endpoint (MinIO, Ceph RGW, R2...); credentials come from the AWS chain').env('BATON_S3_ENDPOINT'))
+    .addOption(new Option('--region <region>', 'S3 region').env('AWS_REGION'));
+}
+
+function catalogFor(o: StoreFlags, extra: CatalogOptions = {}) {
+  return openCatalog(o.store, { ...extra, ...(o.endpoint ? { endpoint: o.endpoint } : {}), ...(o.region ? { region: o.region } : {}) });
+}
 
 function printJson(v: unknown): void {
   process.stdout.write(JSON.stringify(v, null, 2) + '\n');
@@ -48,11 +65,12 @@ Examples:
   $ nbdinfo nbd://127.0.0.1/work           # look at it with any NBD client
   $ baton ls --json`);
 
-program.command('serve')
-  .description('serve volumes over NBD; the export name is the volume name')
+withStore(program.command('serve')
+  .description('serve volumes over NBD; the export name is the volume name'))
   .option('--listen <host:port>', 'TCP address to listen on (loopback unless you ask)', DEFAULT_LISTEN)
   .option('--socket <path>', 'listen on a Unix socket instead of TCP')
-  .addOption(storeOption())
+  .option('--cache-dir <dir>', 'local read cache directory', defaultCacheDir())
+  .option('--cache-size <size>', 'local read cache capacity, e.g. 10G', sizeArg, 2 * 1024 ** 3)
   .option('--read-only', 'export every volume read-only')
   .option('--create <name>', 'create this volume first if it does not exist (with --size)')
   .option('--size <size>', 'size for --create, e.g. 10G', sizeArg)
@@ -63,11 +81,13 @@ program.command('serve')
 Examples:
   $ baton serve --create work --size 10G
   $ baton serve --socket /run/baton.sock --store file:/var/lib/baton
+  $ AWS_PROFILE=ci baton serve --store s3://my-bucket/baton --endpoint http://127.0.0.1:7480
   $ nbd-client -N work 127.0.0.1 10809 /dev/nbd0     # attach with the kernel client
   $ nbdfuse /mnt/work nbd://127.0.0.1/work &         # or as a file through FUSE`)
-  .action(async (opts: { listen: string; socket?: string; store: string; readOnly?: boolean; create?: string; size?: number; handshakeTimeout: number; idleGrace: number; logLevel: string }) => {
+  .action(async (opts: StoreFlags & { listen: string; socket?: string; cacheDir: string; cacheSize: number; readOnly?: boolean; create?: string; size?: number; handshakeTimeout: number; idleGrace: number; logLevel: string }) => {
     const log = makeLogger(opts.logLevel);
-    const catalog = openCatalog(opts.store);
+    const catalog = catalogFor(opts, { log, cacheDir: opts.cacheDir, cacheSize: opts.cacheSize });
+    await probeBeforeServing(catalog, !!opts.readOnly, log);
     if (opts.create) {
       if (opts.size === undefined) throw new BatonError('BATON_ERR_INVALID_ARGUMENT', '--create needs --size (for example --size 10G)');
       try {
@@ -96,29 +116,27 @@ Examples:
     process.on('SIGTERM', () => void stop('SIGTERM'));
   });
 
-program.command('create')
+withStore(program.command('create')
   .description('create a volume')
-  .argument('<name>', 'volume name (letters, digits, . _ -)')
+  .argument('<name>', 'volume name (letters, digits, . _ -)'))
   .requiredOption('--size <size>', 'logical size, e.g. 10G, 512M', sizeArg)
-  .addOption(storeOption())
   .option('--json', 'print the new volume as JSON')
   .addHelpText('after', `
 Examples:
   $ baton create work --size 10G
   $ baton create scratch --size 512M --store file:/tmp/baton --json`)
-  .action(async (name: string, opts: { size: number; store: string; json?: boolean }) => {
-    const v = await openCatalog(opts.store).create(name, opts.size);
+  .action(async (name: string, opts: StoreFlags & { size: number; json?: boolean }) => {
+    const v = await catalogFor(opts).create(name, opts.size);
     if (opts.json) printJson(volumeJson(v));
     else process.stdout.write(`created volume ${v.name} (${formatSize(v.size)}) in ${opts.store}\n`);
   });
 
-program.command('ls')
-  .description('list volumes')
-  .addOption(storeOption())
+withStore(program.command('ls')
+  .description('list volumes'))
   .option('--json', 'print a JSON array')
   .addHelpText('after', '\nExamples:\n  $ baton ls\n  $ baton ls --json | jq -r \'.[].name\'')
-  .action(async (opts: { store: string; json?: boolean }) => {
-    const vols = await openCatalog(opts.store).list();
+  .action(async (opts: StoreFlags & { json?: boolean }) => {
+    const vols = await catalogFor(opts).list();
     if (opts.json) { printJson(vols.map(volumeJson)); return; }
     if (vols.length === 0) { process.stdout.write(`no volumes in ${opts.store} (create one: baton create NAME --size 10G)\n`); return; }
     const rows = [['NAME', 'SIZE', 'STORED', 'CREATED'], ...vols.map((v) => [v.name, formatSize(v.size), formatSize(v.storedBytes), v.createdAt])];
@@ -126,27 +144,33 @@ program.command('ls')
     for (const r of rows) process.stdout.write(r.map((c, i) => c.padEnd(widths[i]!)).join('  ').trimEnd() + '\n');
   });
 
-program.command('info')
+withStore(program.command('info')
   .description('show one volume')
-  .argument('<name>')
-  .addOption(storeOption())
+  .argument('<name>'))
   .option('--json', 'print JSON')
   .addHelpText('after', '\nExamples:\n  $ baton info work\n  $ baton info work --json')
-  .action(async (name: string, opts: { store: string; json?: boolean }) => {
-    const v = await openCatalog(opts.store).info(name);
+  .action(async (name: string, opts: StoreFlags & { json?: boolean }) => {
+    const v = await catalogFor(opts).info(name);
     if (opts.json) { printJson(volumeJson(v)); return; }
     process.stdout.write(`name:     ${v.name}\nsize:     ${formatSize(v.size)} (${v.size} bytes)\nstored:   ${formatSize(v.storedBytes)}\ncreated:  ${v.createdAt}\nstore:    ${opts.store}\n`);
   });
 
-program.command('rm')
+withStore(program.command('rm')
   .description('remove a volume and its data')
-  .argument('<name>')
-  .addOption(storeOption())
+  .argument('<name>'))
   .addHelpText('after', '\nExamples:\n  $ baton rm scratch')
-  .action(async (name: string, opts: { store: string }) => {
-    await openCatalog(opts.store).remove(name);
+  .action(async (name: string, opts: StoreFlags) => {
+    await catalogFor(opts).remove(name);
     process.stdout.write(`removed volume ${name}\n`);
   });
+
+/** Refuse to serve read-write on a store that does not honour create-only puts: fencing would be a lie. */
+async function probeBeforeServing(catalog: unknown, readOnly: boolean, log: Logger): Promise<void> {
+  if (readOnly || !(catalog instanceof StoreCatalog)) return;
+  const t0 = Date.now();
+  await probeStore(catalog.store);
+  log.info({ store: catalog.description, ms: Date.now() - t0 }, 'store honours create-only puts');
+}
 
 program.exitOverride((err) => {
   // Usage errors exit 2; --help and --version exit 0.

@@ -1,19 +1,50 @@
 /** Opens the volume catalog a `--store` URL names. */
 
 import * as path from 'node:path';
-import { InvalidArgumentError } from './errors.js';
+import { BlockCache } from './cache.js';
+import { batonHome } from './config.js';
+import type { Logger } from './log.js';
+import { silentLogger } from './log.js';
+import { openStore, type OpenStoreOptions } from './store/open.js';
+import { StoreCatalog } from './volume/catalog.js';
+import type { VolumeOptions } from './volume/volume.js';
 import { FileCatalog, MemoryCatalog, type VolumeCatalog } from './volumes.js';
+import { InvalidArgumentError } from './errors.js';
 
-export function openCatalog(url: string): VolumeCatalog {
-  if (url === 'memory:' || url === 'memory') return new MemoryCatalog();
-  if (url.startsWith('file:')) {
-    let dir = url.slice('file:'.length);
-    if (dir.startsWith('//')) dir = dir.slice(2);
-    if (!dir) throw new InvalidArgumentError('--store file: needs a directory, for example file:/var/lib/baton');
+export interface CatalogOptions extends OpenStoreOptions {
+  log?: Logger;
+  cacheDir?: string;
+  cacheSize?: number;
+  volume?: Partial<Omit<VolumeOptions, 'store' | 'cache' | 'log' | 'readOnly'>>;
+}
+
+export function defaultCacheDir(): string {
+  return process.env.BATON_CACHE_DIR || path.join(batonHome(), 'cache');
+}
+
+/**
+ * `file:DIR`, `s3://bucket/prefix`, `memory:` are object stores under the volume engine.
+ * Two plain backends without the engine exist for benchmarks and local use:
+ * `ram:` (sparse memory, like nbdkit memory) and `raw:DIR` (one sparse file per volume,
+ * FLUSH = fdatasync: durable on this disk only).
+ */
+export function openCatalog(url: string, opts: CatalogOptions = {}): VolumeCatalog {
+  if (url === 'ram:') return new MemoryCatalog();
+  if (url.startsWith('raw:')) {
+    const dir = url.slice('raw:'.length);
+    if (!dir) throw new InvalidArgumentError('--store raw: needs a directory, for example raw:/var/lib/baton-raw');
     return new FileCatalog(path.resolve(dir));
   }
-  if (url.startsWith('s3://')) {
-    throw new InvalidArgumentError('s3:// stores are not available in this version yet; use --store file:DIR');
-  }
-  throw new InvalidArgumentError(`--store must be file:DIR or memory:, got "${url}"`);
+  return openStoreCatalog(url, opts);
+}
+
+export function openStoreCatalog(url: string, opts: CatalogOptions = {}): StoreCatalog {
+  const store = openStore(url, opts);
+  let cache: Promise<BlockCache> | null = null;
+  return new StoreCatalog({
+    store,
+    log: opts.log ?? silentLogger(),
+    cache: () => (cache ??= BlockCache.open({ dir: opts.cacheDir ?? defaultCacheDir(), capacityBytes: opts.cacheSize ?? 2 * 1024 ** 3 })),
+    ...(opts.volume ? { volume: opts.volume } : {}),
+  });
 }

@@ -17,6 +17,7 @@ export function batonHome(): string {
   return path.join(xdg, 'baton');
 }
 
+/** $BATON_STORE, else file: under $BATON_HOME (default ~/.local/share/baton). */
 export function defaultStoreUrl(): string {
   return process.env.BATON_STORE || `file:${path.join(batonHome(), 'store')}`;
 }

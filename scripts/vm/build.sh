@@ -333,7 +333,29 @@ scenario_readonly() {
   do_detach || return 1
 }
 
+scenario_profile() {
+  dmesg | grep -E 'Run /init|Freeing unused|Trying to unpack|Calibrating|clocksource' | sed 's/^/[dmesg] /'
+  step urandom16 dd if=/dev/urandom of=/tmp/r bs=1M count=16
+  step sha16 sha256sum /tmp/r
+  step md5 md5sum /tmp/r
+  rm /tmp/r
+  do_attach || return 1
+  step rawread32 dd if=/dev/nbd0 of=/dev/null bs=1M count=32
+  blockdev --setra 8192 /dev/nbd0
+  step rawread32-ra dd if=/dev/nbd0 of=/dev/null bs=1M count=32 skip=64
+  step rawread32-direct dd if=/dev/nbd0 of=/dev/null bs=1M count=32 skip=128 iflag=direct
+  step rawwrite32 dd if=/dev/zero of=/dev/nbd0 bs=1M count=32 seek=256 conv=fsync
+  step mkfs /opt/bin/mke2fs -t ext4 -F -q /dev/nbd0 || return 1
+  step mkfs-nodiscard /opt/bin/mke2fs -t ext4 -F -q -E nodiscard /dev/nbd0 || return 1
+  step mount mount -t ext4 /dev/nbd0 /mnt || return 1
+  step small50 sh -c 'for f in $(seq 50); do dd if=/dev/urandom of=/mnt/f$f bs=5000 count=1 conv=fsync 2>/dev/null; done'
+  step small50-nofsync sh -c 'for f in $(seq 50); do dd if=/dev/urandom of=/mnt/g$f bs=5000 count=1 2>/dev/null; done'
+  step small50-head sh -c 'for f in $(seq 50); do head -c 5000 /dev/urandom > /mnt/h$f; done; sync'
+  step umount umount /mnt
+  do_detach
+}
 case $SCENARIO in
+  profile) scenario_profile ;;
   ext4) scenario_ext4 ;;
   readonly) scenario_readonly ;;
   *) report "fail scenario unknown scenario '$SCENARIO'" ;;

@@ -29,15 +29,17 @@ const META_VALUE = /^[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?$/;
 
 /**
  * A key every backend can store under the same name: non-empty, at most 1024 UTF-8 bytes, no
- * NUL, and '/'-separated segments that are neither empty nor "." or ".." (a filesystem would
- * collapse those, and "a//b" or "/a" are usually bugs in key construction).
+ * control characters, well-formed Unicode, and '/'-separated segments that are neither empty
+ * nor "." or ".." (a filesystem would collapse those, and "a//b" or "/a" are usually bugs in
+ * key construction).
  */
 export function validateKey(key: string): void {
   if (typeof key !== 'string' || key.length === 0) throw new InvalidArgumentError('object key must be a non-empty string');
   if (Buffer.byteLength(key, 'utf8') > MAX_KEY_BYTES) {
     throw new InvalidArgumentError(`object key is longer than ${MAX_KEY_BYTES} bytes: ${key.slice(0, 64)}...`);
   }
-  if (key.includes('\0')) throw new InvalidArgumentError(`object key contains NUL: ${JSON.stringify(key)}`);
+  // Control characters cannot travel in S3's XML listings without URL-encoding them.
+  if (/[\x00-\x1f\x7f]/.test(key)) throw new InvalidArgumentError(`object key contains a control character: ${JSON.stringify(key)}`);
   if (isWellFormedUtf16(key) === false) throw new InvalidArgumentError(`object key is not valid Unicode: ${JSON.stringify(key)}`);
   for (const seg of key.split('/')) {
     if (seg === '' || seg === '.' || seg === '..') {

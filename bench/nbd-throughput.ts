@@ -1,0 +1,370 @@
+/**
+ * NBD throughput benchmark: baton (`--store memory:`, the volume engine over an in-memory
+ * object store; and `--store ram:`, the plain sparse-memory backend, which isolates the NBD
+ * layer) against `nbdkit memory` as the reference server: same clients, same machine, same
+ * run, all on Unix sockets; plus the local disk (a file in the temp dir) as a point of
+ * reference for what the clients can do.
+ *
+ * Per server, in this order (so reads hit written data):
+ *   1. nbdcopy --flush RANDOM_FILE URI          sequential write of SIZE, incl. the final FLUSH
+ *   2. nbdcopy URI null:                         sequential read of SIZE
+ *   3. fio 4k randread  QD32 (nbd engine)        IOPS, latency p50/p99
+ *   4. fio 4k randwrite QD32                     IOPS, latency p50/p99
+ *   5. fio 4k randwrite QD1 --fsync=1            write+flush pairs/s, flush latency p50/p99 (for a
+ *                                                memory backend: the protocol round trip)
+ * Each server is started fresh for its pass and stopped after it; with REPEAT > 1 the
+ * server order alternates and the table shows medians.
+ *
+ * Knobs (environment): SIZE (1G), RUNTIME (fio seconds, 10), REPEAT (1), BATON_STORES
+ * (`memory:,ram:`; the first one is judged against the targets), LOCAL (1: also measure the
+ * local disk), PROFILE (0: 1 runs baton under `node --cpu-prof` and lists the hottest
+ * functions; the numbers of such a run are not comparable).
+ * Results: bench/results/nbd-throughput.md (table) and .json (everything, incl. raw fio jobs).
+ */
+
+import * as fs from 'node:fs';
+import * as os from 'node:os';
+import * as path from 'node:path';
+import { formatSize } from '../src/size.js';
+import {
+  RESULTS_DIR, envFlag, envNumber, envSize, fmt, fmtRatio, has, machineInfo, makeRandomFile, makeTempDir,
+  markdownTable, median, ratio, runFio, runNbdcopy, shellQuote, startBaton, startNbdkit, summarizeCpuProfile,
+  writeResults, type FioJob, type ProfileEntry, type Server,
+} from './lib.js';
+
+const SIZE = envSize('SIZE', '1G');
+const RUNTIME = envNumber('RUNTIME', 10);
+const REPEAT = Math.max(1, Math.floor(envNumber('REPEAT', 1)));
+const LOCAL = envFlag('LOCAL', true);
+const PROFILE = envFlag('PROFILE', false);
+const VOLUME = 'bench';
+const BATON_STORES = (process.env.BATON_STORES || 'memory:,ram:').split(',').map((x) => x.trim()).filter(Boolean);
+
+/** What one pass runs against. `id` names the column ("baton memory:", "nbdkit", "local"). */
+interface Target {
+  id: string;
+  kind: 'baton' | 'nbdkit' | 'local';
+  store?: string;
+}
+
+interface Metric {
+  id: string;
+  label: string;
+  unit: string;
+  better: 'higher' | 'lower';
+  /** Issue target for baton/nbdkit (throughput metrics only). */
+  target?: number;
+}
+
+const METRICS: Metric[] = [
+  { id: 'seq_write', label: 'nbdcopy sequential write (--flush)', unit: 'MiB/s', better: 'higher', target: 0.8 },
+  { id: 'seq_read', label: 'nbdcopy sequential read → null:', unit: 'MiB/s', better: 'higher', target: 0.8 },
+  { id: 'randread_iops', label: 'fio 4k randread QD32', unit: 'IOPS', better: 'higher', target: 0.5 },
+  { id: 'randread_p50', label: 'fio 4k randread QD32 latency p50', unit: 'µs', better: 'lower' },
+  { id: 'randread_p99', label: 'fio 4k randread QD32 latency p99', unit: 'µs', better: 'lower' },
+  { id: 'randwrite_iops', label: 'fio 4k randwrite QD32', unit: 'IOPS', better: 'higher', target: 0.5 },
+  { id: 'randwrite_p50', label: 'fio 4k randwrite QD32 latency p50', unit: 'µs', better: 'lower' },
+  { id: 'randwrite_p99', label: 'fio 4k randwrite QD32 latency p99', unit: 'µs', better: 'lower' },
+  { id: 'fsync_iops', label: 'fio 4k randwrite QD1 --fsync=1 (write+flush pairs)', unit: 'IOPS', better: 'higher' },
+  { id: 'flush_p50', label: 'fio --fsync=1 flush latency p50', unit: 'µs', better: 'lower' },
+  { id: 'flush_p99', label: 'fio --fsync=1 flush latency p99', unit: 'µs', better: 'lower' },
+];
+
+const STEP_NAMES = ['seq_write', 'seq_read', 'randread', 'randwrite', 'fsync'];
+
+interface StepRecord {
+  step: string;
+  argv: string[];
+  values: Record<string, number>;
+  /** CPU seconds the server used during the step (null for local). */
+  serverCpuS: number | null;
+  wallS: number;
+  error?: string;
+  /** fio's job object. */
+  fio?: Record<string, unknown>;
+}
+
+interface RunRecord {
+  target: string;
+  repeat: number;
+  serverArgv: string[] | null;
+  steps: StepRecord[];
+  profileTop?: ProfileEntry[];
+  profileFile?: string;
+}
+
+interface StepDef {
+  step: string;
+  run(): Promise<{ argv: string[]; values: Record<string, number>; fio?: Record<string, unknown> }>;
+}
+
+function fioJob(base: Omit<FioJob, 'runtime' | 'size'>): FioJob {
+  return { runtime: RUNTIME, size: SIZE, ...base };
+}
+
+/** The five steps against one target: an NBD URI (engine nbd) or a local file (libaio / psync). */
+function steps(src: string, target: { uri: string } | { file: string }, workDir: string): StepDef[] {
+  const dst = 'uri' in target ? target.uri : target.file;
+  const io = (qd: number): Pick<FioJob, 'ioengine' | 'uri' | 'filename'> =>
+    'uri' in target ? { ioengine: 'nbd', uri: target.uri } : { ioengine: qd > 1 ? 'libaio' : 'psync', filename: target.file };
+  return [
+    {
+      step: 'seq_write',
+      run: async () => {
+        const r = await runNbdcopy(src, dst, SIZE, { flush: true });
+        return { argv: r.argv, values: { seq_write: r.mibPerSec } };
+      },
+    },
+    {
+      step: 'seq_read',
+      run: async () => {
+        const r = await runNbdcopy(dst, 'null:', SIZE);
+        return { argv: r.argv, values: { seq_read: r.mibPerSec } };
+      },
+    },
+    {
+      step: 'randread',
+      run: async () => {
+        const r = await runFio(fioJob({ name: 'randread', rw: 'randread', bs: '4k', iodepth: 32, ...io(32) }), workDir);
+        return { argv: r.argv, fio: r.raw, values: { randread_iops: r.iops, randread_p50: r.latUs.p50, randread_p99: r.latUs.p99 } };
+      },
+    },
+    {
+      step: 'randwrite',
+      run: async () => {
+        const r = await runFio(fioJob({ name: 'randwrite', rw: 'randwrite', bs: '4k', iodepth: 32, ...io(32) }), workDir);
+        return { argv: r.argv, fio: r.raw, values: { randwrite_iops: r.iops, randwrite_p50: r.latUs.p50, randwrite_p99: r.latUs.p99 } };
+      },
+    },
+    {
+      step: 'fsync',
+      run: async () => {
+        const r = await runFio(fioJob({ name: 'fsync', rw: 'randwrite', bs: '4k', iodepth: 1, fsync: 1, ...io(1) }), workDir);
+        return {
+          argv: r.argv, fio: r.raw,
+          values: { fsync_iops: r.iops, flush_p50: r.syncUs?.p50 ?? NaN, flush_p99: r.syncUs?.p99 ?? NaN, fsync_write_p50: r.latUs.p50 },
+        };
+      },
+    },
+  ];
+}
+
+async function runSteps(defs: StepDef[], server: Server | null, log: (s: string) => void): Promise<StepRecord[]> {
+  const out: StepRecord[] = [];
+  for (const d of defs) {
+    const rec: StepRecord = { step: d.step, argv: [], values: {}, serverCpuS: null, wallS: NaN };
+    const cpu0 = server ? server.cpuSeconds() : NaN;
+    const t0 = Date.now();
+    try {
+      if (server && !server.alive()) throw new Error(`${server.kind} is no longer running:\n${server.stderr().slice(-2000)}`);
+      const r = await d.run();
+      rec.argv = r.argv;
+      rec.values = r.values;
+      if (r.fio) rec.fio = r.fio;
+    } catch (e) {
+      rec.error = (e as Error).message;
+      log(`    ${d.step}: ERROR ${rec.error}`);
+    }
+    rec.wallS = (Date.now() - t0) / 1000;
+    if (server) rec.serverCpuS = server.cpuSeconds() - cpu0;
+    if (!rec.error) {
+      log(`    ${d.step}: ${Object.entries(rec.values).map(([k, v]) => `${k}=${fmt(v)}`).join(' ')}` +
+        (rec.serverCpuS !== null ? ` (server cpu ${rec.serverCpuS.toFixed(2)} s in ${rec.wallS.toFixed(1)} s)` : ''));
+    }
+    out.push(rec);
+  }
+  return out;
+}
+
+function newestProfile(dir: string, since: number): string | undefined {
+  if (!fs.existsSync(dir)) return undefined;
+  return fs.readdirSync(dir)
+    .filter((f) => f.endsWith('.cpuprofile'))
+    .map((f) => path.join(dir, f))
+    .filter((f) => fs.statSync(f).mtimeMs >= since)
+    .sort((a, b) => fs.statSync(b).mtimeMs - fs.statSync(a).mtimeMs)[0];
+}
+
+async function main(): Promise<void> {
+  const log = (s: string): void => { process.stderr.write(s + '\n'); };
+  for (const tool of ['nbdcopy', 'fio']) {
+    if (!has(tool)) throw new Error(`${tool} is not installed (Debian: apt-get install ${tool === 'fio' ? 'fio' : 'libnbd-bin'})`);
+  }
+  const haveNbdkit = has('nbdkit');
+  if (!haveNbdkit) log('nbdkit is not installed: no nbdkit column, no ratios (Debian: apt-get install nbdkit)');
+
+  const nbdTargets: Target[] = [
+    ...BATON_STORES.map((store): Target => ({ id: `baton ${store}`, kind: 'baton', store })),
+    ...(haveNbdkit ? [{ id: 'nbdkit', kind: 'nbdkit' } as Target] : []),
+  ];
+
+  const machine = machineInfo();
+  const started = Date.now();
+  log(`nbd-throughput: SIZE=${formatSize(SIZE)} RUNTIME=${RUNTIME}s REPEAT=${REPEAT} BATON_STORES=${BATON_STORES.join(',')} LOCAL=${LOCAL ? 1 : 0} PROFILE=${PROFILE ? 1 : 0}; ${machine.nproc} cores, node ${machine.node}, load ${machine.loadavgAtStart.join(' ')}`);
+
+  const work = makeTempDir('baton-bench-');
+  const rnd = makeRandomFile(SIZE);
+  log(`  random source: ${rnd.path} (${rnd.onTmpfs ? 'tmpfs' : 'temp dir'}), generated in ${rnd.seconds.toFixed(1)} s`);
+  const localFile = path.join(work, 'local.img');
+  const profDir = path.join(RESULTS_DIR, 'cpu-profiles.raw');
+
+  const runs: RunRecord[] = [];
+  for (let rep = 0; rep < REPEAT; rep++) {
+    // Alternate the server order between repeats so drift in machine load does not favour one.
+    const order = rep % 2 === 0 ? [...nbdTargets] : [...nbdTargets].reverse();
+    if (LOCAL) order.push({ id: 'local', kind: 'local' });
+    for (const target of order) {
+      log(`  [${rep + 1}/${REPEAT}] ${target.id}`);
+      const rec: RunRecord = { target: target.id, repeat: rep, serverArgv: null, steps: [] };
+      if (target.kind === 'local') {
+        rec.steps = await runSteps(steps(rnd.path, { file: localFile }, work), null, log);
+        fs.rmSync(localFile, { force: true });
+      } else {
+        const dir = makeTempDir(`baton-bench-${target.kind}-`);
+        const since = Date.now();
+        let server: Server | null = null;
+        try {
+          server = target.kind === 'baton'
+            ? await startBaton({ dir, volume: VOLUME, size: SIZE, store: target.store ?? 'memory:', ...(PROFILE ? { nodeArgs: ['--cpu-prof', `--cpu-prof-dir=${profDir}`] } : {}) })
+            : await startNbdkit({ dir, plugin: ['memory', String(SIZE)] });
+          rec.serverArgv = server.argv;
+          rec.steps = await runSteps(steps(rnd.path, { uri: server.uri }, dir), server, log);
+        } catch (e) {
+          rec.steps.push({ step: 'start', argv: [], values: {}, serverCpuS: null, wallS: 0, error: (e as Error).message });
+          log(`    ERROR ${(e as Error).message}`);
+        } finally {
+          await server?.stop();
+        }
+        if (PROFILE && target.kind === 'baton') {
+          const f = newestProfile(profDir, since);
+          if (f) { rec.profileFile = path.relative(process.cwd(), f); rec.profileTop = summarizeCpuProfile(f, 20); }
+        }
+      }
+      runs.push(rec);
+    }
+  }
+
+  const finished = Date.now();
+  const targets = [...nbdTargets, ...(LOCAL ? [{ id: 'local', kind: 'local' } as Target] : [])];
+  const report = render(machine, targets, runs, rnd, work, localFile, (finished - started) / 1000);
+  const json = {
+    benchmark: 'nbd-throughput',
+    knobs: { SIZE, RUNTIME, REPEAT, BATON_STORES, LOCAL, PROFILE },
+    machine,
+    loadavgAtEnd: os.loadavg(),
+    durationS: (finished - started) / 1000,
+    randomFile: { onTmpfs: rnd.onTmpfs, generateS: rnd.seconds },
+    metrics: METRICS,
+    summary: Object.fromEntries(targets.map((t) => [t.id, summarize(runs, t.id)])),
+    runs,
+  };
+  const written = writeResults('nbd-throughput', report, json);
+  process.stdout.write(report);
+  log(`\nwrote ${path.relative(process.cwd(), written.md)} and ${path.relative(process.cwd(), written.json)} in ${((finished - started) / 1000).toFixed(0)} s`);
+  if (runs.some((r) => r.steps.some((s) => s.error))) process.exitCode = 1;
+}
+
+/** Median of each metric (and of server CPU per step, as `cpu_STEP`) over the repeats of one target. */
+function summarize(runs: RunRecord[], target: string): Record<string, number> {
+  const mine = runs.filter((r) => r.target === target);
+  const out: Record<string, number> = {};
+  const ids = new Set(mine.flatMap((r) => r.steps.flatMap((s) => Object.keys(s.values))));
+  for (const id of ids) out[id] = median(mine.flatMap((r) => r.steps.map((s) => s.values[id] ?? NaN)));
+  for (const st of STEP_NAMES) {
+    out[`cpu_${st}`] = median(mine.flatMap((r) => r.steps.filter((s) => s.step === st).map((s) => s.serverCpuS ?? NaN)));
+  }
+  return out;
+}
+
+function render(m: ReturnType<typeof machineInfo>, targets: Target[], runs: RunRecord[], rnd: { path: string; onTmpfs: boolean }, work: string, localFile: string, durationS: number): string {
+  const sum = new Map(targets.map((t) => [t.id, summarize(runs, t.id)]));
+  const batons = targets.filter((t) => t.kind === 'baton');
+  const nbdkit = sum.get('nbdkit') ?? {};
+  const local = sum.get('local') ?? {};
+  const L: string[] = [];
+  L.push('# NBD throughput: baton vs nbdkit (memory backends)\n');
+  L.push(`${m.date.slice(0, 16).replace('T', ' ')} UTC on \`${m.hostname}\`: ${m.nproc} cores (${m.cpuModel}), ${m.memTotalGiB} GiB RAM, ${m.kernel}, load average at start ${m.loadavgAtStart.join(' ')}.`);
+  L.push(`node ${m.node}; ${m.nbdkit ?? 'nbdkit missing'}; ${m.nbdcopy ?? 'nbdcopy missing'}; ${m.fio ?? 'fio missing'}; baton ${m.batonCommit ?? '?'} (working tree as built).`);
+  L.push(`SIZE=${formatSize(SIZE)}, RUNTIME=${RUNTIME} s, REPEAT=${REPEAT}${REPEAT > 1 ? ' (medians; server order alternates)' : ''}, BATON_STORES=${BATON_STORES.join(',')}${PROFILE ? ', **PROFILE=1: baton ran under --cpu-prof, its numbers are not comparable**' : ''}; whole run ${durationS.toFixed(0)} s.`);
+  L.push(`Random source file on ${rnd.onTmpfs ? 'tmpfs (/dev/shm)' : 'the temp dir'}; local reference file on ${m.tmpdir} (${m.tmpdirFs ?? '?'}).\n`);
+
+  const headers = ['metric', ...batons.map((b) => b.id), 'nbdkit', ...batons.map((b) => `${b.id} / nbdkit`), ...(LOCAL ? ['local'] : []), `target (issue), for ${batons[0]?.id ?? 'baton'}`];
+  const rows = METRICS.map((mt) => {
+    const vals = batons.map((b) => sum.get(b.id)?.[mt.id]);
+    const ratios = vals.map((v) => ratio(v, nbdkit[mt.id]));
+    let target = '';
+    if (mt.target !== undefined) {
+      const r = ratios[0] ?? NaN;
+      target = `≥ ${mt.target}× ${Number.isFinite(r) ? (r >= mt.target ? '✓' : '✗') : '?'}`;
+    }
+    return [`${mt.label}, ${mt.unit} ${mt.better === 'higher' ? '↑' : '↓'}`, ...vals.map(fmt), fmt(nbdkit[mt.id]), ...ratios.map(fmtRatio), ...(LOCAL ? [fmt(local[mt.id])] : []), target];
+  });
+  L.push(markdownTable(headers, rows, ['l', ...headers.slice(1, -1).map(() => 'r' as const), 'l']));
+  L.push('How to read it: ↑ = higher is better (MiB/s, IOPS), ↓ = lower is better (latency, µs). Every ratio column is');
+  L.push('baton ÷ nbdkit, so on ↑ rows > 1 means baton is faster, and on ↓ (latency) rows < 1 means baton is faster');
+  L.push('(> 1: baton slower). Latency is fio total latency (submission + completion) per 4 KiB I/O; flush latency is');
+  L.push('the FLUSH round trip alone (a no-op in nbdkit memory and baton ram:, so pure protocol and scheduling cost;');
+  L.push('baton memory: does whatever its volume engine does on FLUSH). `memory:` is baton\'s volume engine over an');
+  L.push('in-memory object store (what a user of baton gets, minus S3 latency); `ram:` is a plain sparse-memory');
+  L.push('backend like nbdkit memory, so it isolates the NBD layer. "local" is the same clients against a file in');
+  L.push('the temp dir: nbdcopy to/from the file (the read is served from the page cache), fio with libaio (QD32)');
+  L.push('or psync (QD1 + fsync), O_DIRECT; it shows what the machine and clients can do and is not a target.');
+  L.push('Targets (issue): baton ≥ 0.8× nbdkit sequential (nbdcopy), ≥ 0.5× for 4 KiB random (fio QD32).\n');
+
+  const cpuRows = STEP_NAMES.map((st) => {
+    const k = nbdkit[`cpu_${st}`];
+    const vals = batons.map((b) => sum.get(b.id)?.[`cpu_${st}`]);
+    return [st, ...vals.map(fmt), fmt(k), ...vals.map((v) => fmtRatio(ratio(v, k)))];
+  });
+  L.push('## Server CPU time per step\n');
+  L.push('user + system CPU seconds the server process used during each step (all threads, from /proc/PID/stat).');
+  L.push(`Client and server share the ${m.nproc} cores, so CPU a server burns is taken from the client too.\n`);
+  const cpuHeaders = ['step', ...batons.map((b) => `${b.id} CPU s`), 'nbdkit CPU s', ...batons.map((b) => `${b.id} / nbdkit`)];
+  L.push(markdownTable(cpuHeaders, cpuRows, ['l', ...cpuHeaders.slice(1).map(() => 'r' as const)]));
+
+  for (const prof of runs.filter((r) => r.profileTop && r.repeat === 0)) {
+    L.push(`## ${prof.target}: CPU profile (self time, whole server lifetime)\n`);
+    L.push(`From \`${prof.profileFile}\` (\`node --cpu-prof\`).\n`);
+    L.push(markdownTable(['function', 'where', 'self ms', 'self %'],
+      prof.profileTop!.map((e) => [e.fn, e.where, fmt(e.selfMs), e.selfPct.toFixed(1)]), ['l', 'l', 'r', 'r']));
+  }
+
+  const errors = runs.flatMap((r) => r.steps.filter((x) => x.error).map((x) => `- ${r.target} ${x.step}: ${x.error!.split('\n')[0]}`));
+  if (errors.length) L.push('## Errors\n\n' + errors.join('\n') + '\n');
+
+  // Commands, with temp paths replaced by names (double quotes, so they paste into a shell).
+  const tmpDirs = [work, ...runs.map((r) => {
+    const sock = r.serverArgv?.[r.serverArgv.indexOf(r.serverArgv.includes('--socket') ? '--socket' : '-U') + 1];
+    return sock ? path.dirname(sock) : null;
+  }).filter((d): d is string => d !== null)];
+  const redact = (argv: string[]): string => {
+    let t = shellQuote(argv).split(rnd.path).join('$SRC').split(localFile).join('$LOCAL');
+    for (const d of tmpDirs) t = t.split(d).join('$TMP');
+    return t.replace(/\$TMP\/fio-[^ ]+\.json/g, '$TMP/fio.json')
+      .replace(/'([^']*)'/g, '"$1"')
+      .split(process.execPath).join('node')
+      .replace(/[^ ]*\/dist\/cli\/baton\.js/, 'dist/cli/baton.js');
+  };
+  L.push('## Commands\n');
+  L.push(`$SRC = ${formatSize(SIZE)} of random bytes (${rnd.onTmpfs ? '/dev/shm' : m.tmpdir}), $TMP = a private temp dir (Unix sockets; for baton also BATON_HOME=$TMP/home and BATON_CACHE_DIR=$TMP/cache), $LOCAL = $TMP/local.img on ${m.tmpdir}.`);
+  L.push('Every server is started fresh per pass and stopped after it. SIZE is given in bytes.\n');
+  L.push('```sh');
+  for (const t of targets) {
+    const r = runs.find((x) => x.target === t.id);
+    if (!r) continue;
+    L.push(`# ${t.id}`);
+    if (r.serverArgv) L.push(`${redact(r.serverArgv)} &`);
+    for (const st of r.steps) if (st.argv.length) L.push(redact(st.argv));
+    L.push('');
+  }
+  L.push('```\n');
+  L.push(`nbdcopy runs with its defaults: --connections = min(4, threads) = ${Math.min(4, m.nproc)} on this machine (every server here`);
+  L.push('advertises CAN_MULTI_CONN), 64 requests of 256 KiB in flight per connection. fio\'s nbd engine uses one');
+  L.push('connection per job (numjobs=1).');
+  return L.join('\n') + '\n';
+}
+
+main().catch((e: unknown) => {
+  process.stderr.write(`nbd-throughput: ${(e as Error).stack ?? String(e)}\n`);
+  process.exit(1);
+});

@@ -1,0 +1,470 @@
+/**
+ * ObjectStore decorators (SlateDB style: each wraps a `next` store and changes one thing).
+ *
+ * - RetryingObjectStore: retries transient failures (StoreUnavailableError, TimeoutError) with
+ *   exponential backoff and jitter. The hard case is a create-only put whose earlier attempt
+ *   landed but whose reply was lost: the retry gets 412 although we won. Every put is stamped
+ *   with `baton-put-id` metadata, and a 412 on a retry is resolved by reading the object's id
+ *   back: ours means the earlier attempt succeeded (SlateDB verify_put_succeeded). A 412 on
+ *   the first attempt is never second-guessed: it is a real conflict.
+ * - FaultyObjectStore: deterministic (seeded) fault injection for tests and benchmarks:
+ *   latency, errors before the op, lost replies after the op, timeouts, a hang switch.
+ * - InstrumentedObjectStore: counts requests, errors and bytes per operation, so a test can
+ *   assert "one flush = N PUTs" and a benchmark can report request rates.
+ */
+import { randomBytes } from 'node:crypto';
+import { PreconditionFailedError, StoreUnavailableError, TimeoutError, isBatonError } from '../errors.js';
+import type { ByteRange, ListOptions, ObjectHead, ObjectInfo, ObjectStore, PutOptions } from './object-store.js';
+
+/** Metadata key stamped on every put so an ambiguous create-only retry can be resolved. */
+export const PUT_ID_META = 'baton-put-id';
+
+/** Unique and roughly time-ordered (readable in listings when debugging). */
+export function newPutId(): string {
+  return `${Date.now().toString(36)}-${randomBytes(8).toString('hex')}`;
+}
+
+export type StoreOp = 'get' | 'put' | 'head' | 'list' | 'delete';
+export const STORE_OPS: readonly StoreOp[] = ['get', 'put', 'head', 'list', 'delete'];
+
+const sleepMs = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
+
+/** Errors after which the same request may succeed: the store said "later", or did not answer. */
+export function isRetryable(err: unknown): boolean {
+  return isBatonError(err, 'BATON_ERR_STORE_UNAVAILABLE') || isBatonError(err, 'BATON_ERR_TIMEOUT');
+}
+
+// ---------------------------------------------------------------------------------------------
+
+export interface RetryOptions {
+  /** Total attempts including the first (default 6). */
+  attempts?: number;
+  /** First backoff (default 50 ms); doubles per attempt. */
+  baseDelayMs?: number;
+  /** Backoff ceiling (default 2000 ms). */
+  maxDelayMs?: number;
+  /** In [0, 1); default Math.random. Tests pass a seeded one. */
+  random?: () => number;
+  /** Default setTimeout; tests may pass a no-op to run fast. */
+  sleep?: (ms: number) => Promise<void>;
+  onRetry?: (info: { op: StoreOp; key: string; attempt: number; delayMs: number; error: unknown }) => void;
+}
+
+export class RetryingObjectStore implements ObjectStore {
+  readonly description: string;
+  readonly #attempts: number;
+  readonly #base: number;
+  readonly #max: number;
+  readonly #random: () => number;
+  readonly #sleep: (ms: number) => Promise<void>;
+  readonly #onRetry: RetryOptions['onRetry'];
+
+  constructor(readonly next: ObjectStore, opts: RetryOptions = {}) {
+    this.description = next.description;
+    this.#attempts = Math.max(1, opts.attempts ?? 6);
+    this.#base = opts.baseDelayMs ?? 50;
+    this.#max = opts.maxDelayMs ?? 2_000;
+    this.#random = opts.random ?? Math.random;
+    this.#sleep = opts.sleep ?? sleepMs;
+    this.#onRetry = opts.onRetry;
+  }
+
+  /** "Equal jitter": half the exponential delay fixed, half random, so retries spread but never bunch at 0. */
+  #delay(attempt: number): number {
+    const d = Math.min(this.#max, this.#base * 2 ** (attempt - 1));
+    return d / 2 + this.#random() * (d / 2);
+  }
+
+  async #backoff(op: StoreOp, key: string, attempt: number, error: unknown): Promise<void> {
+    const delayMs = this.#delay(attempt);
+    this.#onRetry?.({ op, key, attempt, delayMs, error });
+    await this.#sleep(delayMs);
+  }
+
+  async #run<T>(op: StoreOp, key: string, fn: () => Promise<T>): Promise<T> {
+    for (let attempt = 1; ; attempt++) {
+      try {
+        return await fn();
+      } catch (err) {
+        if (!isRetryable(err) || attempt >= this.#attempts) throw err;
+        await this.#backoff(op, key, attempt, err);
+      }
+    }
+  }
+
+  get(key: string, range?: ByteRange): Promise<Buffer> {
+    return this.#run('get', key, () => this.next.get(key, range));
+  }
+
+  head(key: string): Promise<ObjectHead | null> {
+    return this.#run('head', key, () => this.next.head(key));
+  }
+
+  delete(key: string): Promise<void> {
+    return this.#run('delete', key, () => this.next.delete(key));
+  }
+
+  async put(key: string, body: Buffer, options?: PutOptions): Promise<void> {
+    const putId = options?.metadata?.[PUT_ID_META] ?? newPutId();
+    const opts: PutOptions = { ...options, metadata: { ...options?.metadata, [PUT_ID_META]: putId } };
+    const createOnly = options?.ifNoneMatch === true;
+    // True once an attempt failed in a way that may have hidden a landed write.
+    let mayHaveLanded = false;
+    for (let attempt = 1; ; attempt++) {
+      try {
+        await this.next.put(key, body, opts);
+        return;
+      } catch (err) {
+        if (createOnly && mayHaveLanded && err instanceof PreconditionFailedError) {
+          const h = await this.#run('head', key, () => this.next.head(key));
+          if (h !== null && h.metadata[PUT_ID_META] === putId) return;
+          throw err;
+        }
+        if (!isRetryable(err) || attempt >= this.#attempts) throw err;
+        mayHaveLanded = true;
+        await this.#backoff('put', key, attempt, err);
+      }
+    }
+  }
+
+  /** Resumes after the last key it yielded, so a failure mid-listing neither repeats nor skips keys. */
+  async *list(prefix: string, options?: ListOptions): AsyncIterable<ObjectInfo> {
+    let after = options?.startAfter;
+    let attempt = 1;
+    for (;;) {
+      try {
+        for await (const o of this.next.list(prefix, after !== undefined ? { startAfter: after } : {})) {
+          yield o;
+          after = o.key;
+          attempt = 1; // progress: a long listing may survive any number of spaced-out errors
+        }
+        return;
+      } catch (err) {
+        if (!isRetryable(err) || attempt >= this.#attempts) throw err;
+        await this.#backoff('list', prefix, attempt, err);
+        attempt++;
+      }
+    }
+  }
+
+  close(): Promise<void> {
+    return this.next.close();
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+/** mulberry32: tiny, fast, good enough to make fault schedules reproducible from a seed. */
+export function seededRandom(seed: number): () => number {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+export interface FaultOptions {
+  /** Seed for the fault schedule; the same seed and request order give the same faults. */
+  seed?: number;
+  /** Added before every request (all ops, also when `ops` limits the faults). */
+  latencyMs?: number;
+  /** Probability of StoreUnavailableError before the op is done (nothing happened). */
+  errorRate?: number;
+  /** Probability the op is done and then StoreUnavailableError thrown (the ambiguous case). */
+  lostReplyRate?: number;
+  /** Probability the request is sent (the op runs) but the caller gives up after `timeoutMs`. */
+  timeoutRate?: number;
+  timeoutMs?: number;
+  /** What a timeout throws (default 'timeout' = TimeoutError). */
+  timeoutError?: 'timeout' | 'unavailable';
+  /** Ops the probabilistic faults apply to (default all). */
+  ops?: readonly StoreOp[];
+}
+
+export interface FaultCounters {
+  requests: number;
+  injectedErrors: number;
+  lostReplies: number;
+  timeouts: number;
+  hung: number;
+}
+
+function zeroFaultCounters(): FaultCounters {
+  return { requests: 0, injectedErrors: 0, lostReplies: 0, timeouts: 0, hung: 0 };
+}
+
+export class FaultyObjectStore implements ObjectStore {
+  readonly description: string;
+  readonly seed: number;
+  #opts: FaultOptions;
+  #rng: () => number;
+  #hangGate: { promise: Promise<void>; release: () => void } | null = null;
+  #failNext: { remaining: number; op: StoreOp | undefined }[] = [];
+  #counters: Record<StoreOp, FaultCounters>;
+  #pendingHung = 0;
+
+  constructor(readonly next: ObjectStore, opts: FaultOptions = {}) {
+    this.description = `faulty(${next.description})`;
+    this.seed = opts.seed ?? Math.floor(Math.random() * 2 ** 32);
+    this.#opts = { ...opts };
+    this.#rng = seededRandom(this.seed);
+    this.#counters = this.#zero();
+  }
+
+  #zero(): Record<StoreOp, FaultCounters> {
+    return { get: zeroFaultCounters(), put: zeroFaultCounters(), head: zeroFaultCounters(), list: zeroFaultCounters(), delete: zeroFaultCounters() };
+  }
+
+  /** Change fault settings at run time (merged into the current ones; the RNG keeps its state). */
+  setFaults(opts: Omit<FaultOptions, 'seed'>): void {
+    this.#opts = { ...this.#opts, ...opts };
+  }
+
+  /** Every request from now on waits, without doing its op, until `unhang()`. */
+  hang(): void {
+    if (this.#hangGate !== null) return;
+    let release!: () => void;
+    const promise = new Promise<void>((r) => { release = r; });
+    this.#hangGate = { promise, release };
+  }
+
+  /** Lets the parked requests (and new ones) through; they then run normally. */
+  unhang(): void {
+    const g = this.#hangGate;
+    this.#hangGate = null;
+    g?.release();
+  }
+
+  get isHung(): boolean {
+    return this.#hangGate !== null;
+  }
+
+  /** Requests currently parked by `hang()`. */
+  get pendingHung(): number {
+    return this.#pendingHung;
+  }
+
+  /** The next `n` requests (of `op`, or of any op) fail with StoreUnavailableError before doing anything. */
+  failNext(n: number, op?: StoreOp): void {
+    if (n > 0) this.#failNext.push({ remaining: n, op });
+  }
+
+  counters(): Record<StoreOp, FaultCounters> & { total: FaultCounters } {
+    const total = zeroFaultCounters();
+    const out = this.#zero();
+    for (const op of STORE_OPS) {
+      out[op] = { ...this.#counters[op] };
+      for (const k of Object.keys(total) as (keyof FaultCounters)[]) total[k] += this.#counters[op][k];
+    }
+    return { ...out, total };
+  }
+
+  resetCounters(): void {
+    this.#counters = this.#zero();
+  }
+
+  /**
+   * Decides one request's fate: waits out latency and any hang, applies failNext, then draws
+   * from the seeded RNG. Throws for faults that happen before the op.
+   */
+  async #admit(op: StoreOp, key: string): Promise<'ok' | 'lost' | 'timeout'> {
+    const c = this.#counters[op];
+    c.requests++;
+    const o = this.#opts;
+    if (o.latencyMs !== undefined && o.latencyMs > 0) await sleepMs(o.latencyMs);
+    while (this.#hangGate !== null) {
+      c.hung++;
+      this.#pendingHung++;
+      try {
+        await this.#hangGate.promise;
+      } finally {
+        this.#pendingHung--;
+      }
+    }
+    const forced = this.#failNext.findIndex((f) => f.op === undefined || f.op === op);
+    if (forced >= 0) {
+      const f = this.#failNext[forced]!;
+      if (--f.remaining <= 0) this.#failNext.splice(forced, 1);
+      c.injectedErrors++;
+      throw new StoreUnavailableError(`${op} ${key}: injected failure (failNext) on ${this.description}`);
+    }
+    if (o.ops !== undefined && !o.ops.includes(op)) return 'ok';
+    const r = this.#rng();
+    const pErr = o.errorRate ?? 0;
+    const pLost = pErr + (o.lostReplyRate ?? 0);
+    const pTimeout = pLost + (o.timeoutRate ?? 0);
+    if (r < pErr) {
+      c.injectedErrors++;
+      throw new StoreUnavailableError(`${op} ${key}: injected error on ${this.description} (seed ${this.seed})`);
+    }
+    if (r < pLost) return 'lost';
+    if (r < pTimeout) return 'timeout';
+    return 'ok';
+  }
+
+  async #lost(op: StoreOp, key: string): Promise<never> {
+    this.#counters[op].lostReplies++;
+    throw new StoreUnavailableError(`${op} ${key}: injected lost reply on ${this.description} (seed ${this.seed}); the ${op} was done`);
+  }
+
+  /** The request went out (`started`); whether it lands before or after we give up is the store's business. */
+  async #timeout(op: StoreOp, key: string, started: Promise<unknown>): Promise<never> {
+    this.#counters[op].timeouts++;
+    started.catch(() => {});
+    const ms = this.#opts.timeoutMs ?? 0;
+    await sleepMs(ms);
+    const msg = `${op} ${key}: injected timeout after ${ms} ms on ${this.description} (seed ${this.seed})`;
+    throw this.#opts.timeoutError === 'unavailable' ? new StoreUnavailableError(msg) : new TimeoutError(msg);
+  }
+
+  async #request<T>(op: StoreOp, key: string, fn: () => Promise<T>): Promise<T> {
+    const fate = await this.#admit(op, key);
+    if (fate === 'ok') return fn();
+    if (fate === 'lost') {
+      await fn();
+      return this.#lost(op, key);
+    }
+    return this.#timeout(op, key, fn());
+  }
+
+  get(key: string, range?: ByteRange): Promise<Buffer> {
+    return this.#request('get', key, () => this.next.get(key, range));
+  }
+
+  put(key: string, body: Buffer, options?: PutOptions): Promise<void> {
+    return this.#request('put', key, () => this.next.put(key, body, options));
+  }
+
+  head(key: string): Promise<ObjectHead | null> {
+    return this.#request('head', key, () => this.next.head(key));
+  }
+
+  delete(key: string): Promise<void> {
+    return this.#request('delete', key, () => this.next.delete(key));
+  }
+
+  /** A listing is one request for fault purposes: faults strike before the first key, or (lost reply) after the last. */
+  async *list(prefix: string, options?: ListOptions): AsyncIterable<ObjectInfo> {
+    const fate = await this.#admit('list', prefix);
+    if (fate === 'ok') {
+      yield* this.next.list(prefix, options);
+      return;
+    }
+    const drain = async (): Promise<void> => {
+      for await (const _ of this.next.list(prefix, options)) { /* the reply is lost */ }
+    };
+    if (fate === 'lost') {
+      await drain();
+      await this.#lost('list', prefix);
+    }
+    await this.#timeout('list', prefix, drain());
+  }
+
+  close(): Promise<void> {
+    this.unhang();
+    return this.next.close();
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+export interface OpStats {
+  requests: number;
+  errors: number;
+  /** Body bytes: returned by get, sent by put. */
+  bytes: number;
+  /** Objects reported by list. */
+  items: number;
+}
+
+export type StoreStats = Record<StoreOp, OpStats> & { total: OpStats; inFlight: number; maxInFlight: number };
+
+function zeroOpStats(): OpStats {
+  return { requests: 0, errors: 0, bytes: 0, items: 0 };
+}
+
+export class InstrumentedObjectStore implements ObjectStore {
+  readonly description: string;
+  #stats: Record<StoreOp, OpStats>;
+  #inFlight = 0;
+  #maxInFlight = 0;
+
+  constructor(readonly next: ObjectStore) {
+    this.description = next.description;
+    this.#stats = this.#zero();
+  }
+
+  #zero(): Record<StoreOp, OpStats> {
+    return { get: zeroOpStats(), put: zeroOpStats(), head: zeroOpStats(), list: zeroOpStats(), delete: zeroOpStats() };
+  }
+
+  /** A snapshot: later requests do not change it. */
+  stats(): StoreStats {
+    const total = zeroOpStats();
+    const out = this.#zero();
+    for (const op of STORE_OPS) {
+      out[op] = { ...this.#stats[op] };
+      for (const k of Object.keys(total) as (keyof OpStats)[]) total[k] += this.#stats[op][k];
+    }
+    return { ...out, total, inFlight: this.#inFlight, maxInFlight: this.#maxInFlight };
+  }
+
+  reset(): void {
+    this.#stats = this.#zero();
+    this.#maxInFlight = this.#inFlight;
+  }
+
+  async #count<T>(op: StoreOp, fn: () => Promise<T>, bytesOf: (v: T) => number): Promise<T> {
+    const s = this.#stats[op];
+    s.requests++;
+    this.#inFlight++;
+    if (this.#inFlight > this.#maxInFlight) this.#maxInFlight = this.#inFlight;
+    try {
+      const v = await fn();
+      s.bytes += bytesOf(v);
+      return v;
+    } catch (err) {
+      s.errors++;
+      throw err;
+    } finally {
+      this.#inFlight--;
+    }
+  }
+
+  get(key: string, range?: ByteRange): Promise<Buffer> {
+    return this.#count('get', () => this.next.get(key, range), (b) => b.length);
+  }
+
+  put(key: string, body: Buffer, options?: PutOptions): Promise<void> {
+    return this.#count('put', () => this.next.put(key, body, options), () => body.length);
+  }
+
+  head(key: string): Promise<ObjectHead | null> {
+    return this.#count('head', () => this.next.head(key), () => 0);
+  }
+
+  delete(key: string): Promise<void> {
+    return this.#count('delete', () => this.next.delete(key), () => 0);
+  }
+
+  async *list(prefix: string, options?: ListOptions): AsyncIterable<ObjectInfo> {
+    const s = this.#stats.list;
+    s.requests++;
+    try {
+      for await (const o of this.next.list(prefix, options)) {
+        s.items++;
+        yield o;
+      }
+    } catch (err) {
+      s.errors++;
+      throw err;
+    }
+  }
+
+  close(): Promise<void> {
+    return this.next.close();
+  }
+}

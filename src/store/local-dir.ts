@@ -1,0 +1,392 @@
+/**
+ * LocalDirObjectStore: the embedded default store (`file:DIR`), one file per object under DIR.
+ *
+ * Crash safety (what a resolved put promises after power loss): the body is written to a
+ * temp file in the destination directory and fdatasync'ed; then `link(tmp, final)` for a
+ * create-only put (atomic, EEXIST is the precondition failure, the same fencing primitive as
+ * S3's If-None-Match: *) or `rename(tmp, final)` for a plain put (atomic replace); then the
+ * directory is fsync'ed so the new name is durable. Directories are fsync'ed into their parent
+ * when first used by this process. Readers never see a partial object, and a crash leaves at
+ * worst a `.tmp-*` file, which list() ignores.
+ *
+ * Layout, and why:
+ * - Key "vol/abc/log/1" is the file `DIR/vol/abc/log/1@`. Objects end in '@' and directories
+ *   do not (segments are escaped: '%' -> %25, '@' -> %40, a leading '.' -> %2E), so key "a" and
+ *   key "a/b" can coexist: S3 allows both and baton uses both shapes.
+ * - Each file starts with a fixed 4096-byte header: "BATONOB1", u32be JSON length, JSON
+ *   {etag, metadata}, zero padding. Metadata lives inside the object file because one file is
+ *   replaced by one rename: a sidecar file could not change atomically with the body, and
+ *   xattrs are missing or limited on some filesystems (tmpfs, some overlay setups). The fixed
+ *   size makes size = file size - 4096 (list needs only stat) and puts a ranged read at a
+ *   known position (one pread, no header read), and keeps bodies 4 KiB-aligned in the file.
+ * - Files are immutable once named: a reader's open fd sees one whole version.
+ * - delete removes emptied directories; a put racing with that rmdir sees ENOENT and retries.
+ */
+import { randomBytes } from 'node:crypto';
+import { constants as fsc } from 'node:fs';
+import { link, mkdir, open, readdir, rename, rmdir, stat, unlink, type FileHandle } from 'node:fs/promises';
+import { join, resolve } from 'node:path';
+import {
+  BatonError,
+  CorruptError,
+  InvalidArgumentError,
+  IoError,
+  NotFoundError,
+  PreconditionFailedError,
+} from '../errors.js';
+import { compareKeys, rangeError, validateKey, validateMetadata, validateRange } from './memory.js';
+import type { ByteRange, ListOptions, ObjectHead, ObjectInfo, ObjectStore, PutOptions } from './object-store.js';
+
+const MAGIC = Buffer.from('BATONOB1', 'latin1');
+export const LOCAL_HEADER_SIZE = 4096;
+const OBJ_SUFFIX = '@';
+const TMP_PREFIX = '.tmp-';
+const PUT_RETRIES = 5;
+
+interface Header {
+  etag: string;
+  metadata: Record<string, string>;
+}
+
+function errnoOf(err: unknown): string | undefined {
+  return typeof err === 'object' && err !== null && 'code' in err && typeof err.code === 'string' ? err.code : undefined;
+}
+
+function escapeSegment(seg: string): string {
+  let out = seg.replace(/%/g, '%25').replace(/@/g, '%40');
+  if (out.startsWith('.')) out = '%2E' + out.slice(1);
+  return out;
+}
+
+function unescapeSegment(name: string): string | undefined {
+  if (name.includes('@')) return undefined;
+  try {
+    return name.replace(/%([0-9A-Fa-f]{2})/g, (_m, hex: string) => String.fromCharCode(parseInt(hex, 16)));
+  } catch {
+    return undefined;
+  }
+}
+
+function encodeHeader(h: Header): Buffer {
+  const json = Buffer.from(JSON.stringify(h), 'utf8');
+  if (12 + json.length > LOCAL_HEADER_SIZE) {
+    throw new InvalidArgumentError(`metadata too large for the local store (${json.length} bytes encoded, at most ${LOCAL_HEADER_SIZE - 12})`);
+  }
+  const buf = Buffer.alloc(LOCAL_HEADER_SIZE);
+  MAGIC.copy(buf, 0);
+  buf.writeUInt32BE(json.length, 8);
+  json.copy(buf, 12);
+  return buf;
+}
+
+function decodeHeader(buf: Buffer, what: string): Header {
+  if (buf.length < LOCAL_HEADER_SIZE || !buf.subarray(0, 8).equals(MAGIC)) {
+    throw new CorruptError(`${what}: not a baton object file (bad header); it was not written by baton or is damaged`);
+  }
+  const n = buf.readUInt32BE(8);
+  if (12 + n > LOCAL_HEADER_SIZE) throw new CorruptError(`${what}: object header length ${n} is invalid`);
+  try {
+    const parsed: unknown = JSON.parse(buf.toString('utf8', 12, 12 + n));
+    if (typeof parsed === 'object' && parsed !== null && 'etag' in parsed && 'metadata' in parsed) {
+      const { etag, metadata } = parsed;
+      if (typeof etag === 'string' && typeof metadata === 'object' && metadata !== null) {
+        const m: Record<string, string> = {};
+        for (const [k, v] of Object.entries(metadata)) if (typeof v === 'string') m[k] = v;
+        return { etag, metadata: m };
+      }
+    }
+  } catch {
+    // fall through
+  }
+  throw new CorruptError(`${what}: object header is not valid JSON {etag, metadata}`);
+}
+
+async function readFully(fh: FileHandle, buf: Buffer, position: number, what: string): Promise<void> {
+  let done = 0;
+  while (done < buf.length) {
+    const { bytesRead } = await fh.read(buf, done, buf.length - done, position + done);
+    if (bytesRead === 0) throw new CorruptError(`${what}: file ended early (wanted ${buf.length} bytes at ${position})`);
+    done += bytesRead;
+  }
+}
+
+async function writeFully(fh: FileHandle, bufs: Buffer[]): Promise<void> {
+  let position = 0;
+  for (const b of bufs) {
+    let off = 0;
+    while (off < b.length) {
+      const { bytesWritten } = await fh.write(b, off, b.length - off, position);
+      off += bytesWritten;
+      position += bytesWritten;
+    }
+  }
+}
+
+async function fsyncDir(path: string): Promise<void> {
+  const fh = await open(path, fsc.O_RDONLY | fsc.O_DIRECTORY);
+  try {
+    await fh.sync();
+  } finally {
+    await fh.close();
+  }
+}
+
+export class LocalDirObjectStore implements ObjectStore {
+  readonly description: string;
+  readonly root: string;
+  /** Directories whose entry in their parent this process has fsync'ed (or found and fsync'ed). */
+  readonly #durableDirs = new Set<string>();
+
+  constructor(dir: string) {
+    this.root = resolve(dir);
+    this.description = `file:${this.root}`;
+  }
+
+  #paths(key: string): { dir: string; dirSegs: string[]; file: string } {
+    validateKey(key);
+    const segs = key.split('/');
+    const last = segs.pop() as string;
+    const dirSegs = segs.map(escapeSegment);
+    const dir = join(this.root, ...dirSegs);
+    return { dir, dirSegs, file: join(dir, escapeSegment(last) + OBJ_SUFFIX) };
+  }
+
+  #ioError(op: string, key: string, err: unknown): BatonError {
+    if (err instanceof BatonError) return err;
+    const code = errnoOf(err);
+    const where = `${op} ${key} in ${this.description}`;
+    switch (code) {
+      case 'ENAMETOOLONG':
+        return new InvalidArgumentError(`${where}: a key segment is too long for a file name (255 bytes after escaping)`);
+      case 'ENOSPC':
+      case 'EDQUOT':
+        return new IoError(`${where}: no space left on the device holding ${this.root}: free space or move the store`, { cause: err });
+      case 'EACCES':
+      case 'EPERM':
+      case 'EROFS':
+        return new IoError(`${where}: permission denied or read-only filesystem (${code}): check ownership and mount of ${this.root}`, { cause: err });
+      default:
+        return new IoError(`${where}: ${err instanceof Error ? err.message : String(err)}`, { cause: err });
+    }
+  }
+
+  /** mkdir -p below root, fsync'ing each level into its parent (also when another process made it). */
+  async #ensureDir(dirSegs: string[]): Promise<void> {
+    let parent = this.root;
+    if (!this.#durableDirs.has(parent)) {
+      await mkdir(parent, { recursive: true });
+      this.#durableDirs.add(parent);
+    }
+    for (const seg of dirSegs) {
+      const p = join(parent, seg);
+      if (!this.#durableDirs.has(p)) {
+        try {
+          await mkdir(p);
+        } catch (err) {
+          if (errnoOf(err) !== 'EEXIST') throw err;
+        }
+        // Also on EEXIST: whoever created it may not have fsync'ed the parent yet, and our put
+        // must not resolve before the path to it is durable.
+        await fsyncDir(parent);
+        this.#durableDirs.add(p);
+      }
+      parent = p;
+    }
+  }
+
+  #forgetDirs(dir: string): void {
+    for (const d of this.#durableDirs) if (d === dir || d.startsWith(dir + '/')) this.#durableDirs.delete(d);
+  }
+
+  async get(key: string, range?: ByteRange): Promise<Buffer> {
+    const { file } = this.#paths(key);
+    if (range !== undefined) validateRange(range);
+    let fh: FileHandle;
+    try {
+      fh = await open(file, 'r');
+    } catch (err) {
+      const code = errnoOf(err);
+      if (code === 'ENOENT' || code === 'ENOTDIR') throw new NotFoundError(`get ${key}: no such object in ${this.description}`);
+      throw this.#ioError('get', key, err);
+    }
+    try {
+      const st = await fh.stat();
+      const size = st.size - LOCAL_HEADER_SIZE;
+      if (size < 0) throw new CorruptError(`get ${key}: object file ${file} is shorter than its header`);
+      if (range === undefined) {
+        const buf = Buffer.allocUnsafe(st.size);
+        await readFully(fh, buf, 0, `get ${key}`);
+        decodeHeader(buf, `get ${key}`);
+        return buf.subarray(LOCAL_HEADER_SIZE);
+      }
+      if (range.offset + range.length > size) throw rangeError(key, range, size);
+      const buf = Buffer.allocUnsafe(range.length);
+      await readFully(fh, buf, LOCAL_HEADER_SIZE + range.offset, `get ${key}`);
+      return buf;
+    } catch (err) {
+      throw this.#ioError('get', key, err);
+    } finally {
+      await fh.close();
+    }
+  }
+
+  async head(key: string): Promise<ObjectHead | null> {
+    const { file } = this.#paths(key);
+    let fh: FileHandle;
+    try {
+      fh = await open(file, 'r');
+    } catch (err) {
+      const code = errnoOf(err);
+      if (code === 'ENOENT' || code === 'ENOTDIR') return null;
+      throw this.#ioError('head', key, err);
+    }
+    try {
+      const st = await fh.stat();
+      const buf = Buffer.allocUnsafe(LOCAL_HEADER_SIZE);
+      await readFully(fh, buf, 0, `head ${key}`);
+      const h = decodeHeader(buf, `head ${key}`);
+      return { key, size: st.size - LOCAL_HEADER_SIZE, lastModified: st.mtime, etag: h.etag, metadata: h.metadata };
+    } catch (err) {
+      throw this.#ioError('head', key, err);
+    } finally {
+      await fh.close();
+    }
+  }
+
+  async put(key: string, body: Buffer, options?: PutOptions): Promise<void> {
+    const { dir, dirSegs, file } = this.#paths(key);
+    validateMetadata(options?.metadata);
+    const header = encodeHeader({ etag: `"${randomBytes(16).toString('hex')}"`, metadata: { ...options?.metadata } });
+    const createOnly = options?.ifNoneMatch === true;
+    try {
+      for (let attempt = 0; ; attempt++) {
+        if (!this.#durableDirs.has(dir)) await this.#ensureDir(dirSegs);
+        const tmp = join(dir, TMP_PREFIX + randomBytes(8).toString('hex'));
+        let fh: FileHandle;
+        try {
+          fh = await open(tmp, fsc.O_WRONLY | fsc.O_CREAT | fsc.O_EXCL, 0o644);
+        } catch (err) {
+          // A delete emptied and removed the directory between ensureDir and here.
+          if (errnoOf(err) === 'ENOENT' && attempt < PUT_RETRIES) {
+            this.#forgetDirs(dir);
+            continue;
+          }
+          throw err;
+        }
+        try {
+          try {
+            await writeFully(fh, [header, body]);
+            await fh.datasync();
+          } finally {
+            await fh.close();
+          }
+          if (createOnly) {
+            try {
+              await link(tmp, file);
+            } catch (err) {
+              if (errnoOf(err) === 'EEXIST') {
+                throw new PreconditionFailedError(`put ${key}: object already exists in ${this.description} (create-only put)`);
+              }
+              throw err;
+            }
+          } else {
+            await rename(tmp, file);
+          }
+          await fsyncDir(dir);
+        } finally {
+          // After a rename the name is gone already; after link or a failure it is garbage.
+          await unlink(tmp).catch(() => {});
+        }
+        return;
+      }
+    } catch (err) {
+      throw this.#ioError('put', key, err);
+    }
+  }
+
+  async *list(prefix: string, options?: ListOptions): AsyncIterable<ObjectInfo> {
+    const after = options?.startAfter;
+    // Start at the deepest directory the prefix names completely ("vol/abc/lo" -> vol/abc/).
+    const cut = prefix.lastIndexOf('/');
+    const dirKey = prefix.slice(0, cut + 1);
+    const dirSegs = cut < 0 ? [] : prefix.slice(0, cut).split('/');
+    if (dirSegs.some((s) => s === '' || s === '.' || s === '..')) return; // no valid key has such a prefix
+    yield* this.#walk(join(this.root, ...dirSegs.map(escapeSegment)), dirKey, prefix, after);
+  }
+
+  async *#walk(dirPath: string, keyPrefix: string, prefix: string, after: string | undefined): AsyncGenerator<ObjectInfo> {
+    let names: import('node:fs').Dirent[];
+    try {
+      names = await readdir(dirPath, { withFileTypes: true });
+    } catch (err) {
+      const code = errnoOf(err);
+      if (code === 'ENOENT' || code === 'ENOTDIR') return;
+      throw this.#ioError('list', prefix, err);
+    }
+    // Sort keys: a file's is its key, a directory's is its key prefix ending in '/'. No sort key
+    // is a proper prefix of another except file "a" before dir "a/", which is also key order.
+    const entries: { sortKey: string; isDir: boolean; name: string }[] = [];
+    for (const d of names) {
+      const name = d.name;
+      if (name.startsWith('.')) continue;
+      if (name.endsWith(OBJ_SUFFIX) && d.isFile()) {
+        const seg = unescapeSegment(name.slice(0, -1));
+        if (seg !== undefined) entries.push({ sortKey: keyPrefix + seg, isDir: false, name });
+      } else if (d.isDirectory()) {
+        const seg = unescapeSegment(name);
+        if (seg !== undefined) entries.push({ sortKey: keyPrefix + seg + '/', isDir: true, name });
+      }
+    }
+    entries.sort((a, b) => compareKeys(a.sortKey, b.sortKey));
+    for (const e of entries) {
+      const p = e.sortKey;
+      if (e.isDir) {
+        // Descend only if some key under p can start with prefix and be > after.
+        if (!(p.startsWith(prefix) || prefix.startsWith(p))) continue;
+        if (after !== undefined && !after.startsWith(p) && compareKeys(p, after) < 0) continue;
+        yield* this.#walk(join(dirPath, e.name), p, prefix, after);
+      } else {
+        if (!p.startsWith(prefix)) continue;
+        if (after !== undefined && compareKeys(p, after) <= 0) continue;
+        let st;
+        try {
+          st = await stat(join(dirPath, e.name));
+        } catch (err) {
+          if (errnoOf(err) === 'ENOENT') continue; // deleted since readdir
+          throw this.#ioError('list', p, err);
+        }
+        yield { key: p, size: Math.max(0, st.size - LOCAL_HEADER_SIZE), lastModified: st.mtime };
+      }
+    }
+  }
+
+  async delete(key: string): Promise<void> {
+    const { dir, file } = this.#paths(key);
+    try {
+      try {
+        await unlink(file);
+      } catch (err) {
+        const code = errnoOf(err);
+        if (code === 'ENOENT' || code === 'ENOTDIR') return;
+        throw err;
+      }
+      await fsyncDir(dir);
+      // Remove emptied directories up to (not including) the root, so deleted volumes leave no
+      // trees behind. Not fsync'ed: an empty directory reappearing after a crash is harmless.
+      let d = dir;
+      while (d !== this.root && d.startsWith(this.root + '/')) {
+        try {
+          await rmdir(d);
+        } catch {
+          break; // ENOTEMPTY, or gone already, or in use: stop climbing
+        }
+        this.#forgetDirs(d);
+        d = resolve(d, '..');
+      }
+    } catch (err) {
+      throw this.#ioError('delete', key, err);
+    }
+  }
+
+  async close(): Promise<void> {}
+}

@@ -1,0 +1,107 @@
+/**
+ * openStore: turns a `--store` URL into an ObjectStore.
+ *
+ *   file:DIR, file:///abs/dir   LocalDirObjectStore (the embedded default)
+ *   s3://bucket[/prefix]        S3ObjectStore wrapped in RetryingObjectStore
+ *   memory:                     MemoryObjectStore (tests; nothing survives the process)
+ *
+ * Only S3 is wrapped in the retrying decorator: local-dir errors are not transient (a full
+ * disk does not fix itself in 2 s), and retrying them would only delay the message.
+ * Opening does not probe; callers that will write run `probeStore` first.
+ */
+import { homedir } from 'node:os';
+import { join, resolve } from 'node:path';
+import { InvalidArgumentError } from '../errors.js';
+import { RetryingObjectStore, type RetryOptions } from './decorators.js';
+import { LocalDirObjectStore } from './local-dir.js';
+import { MemoryObjectStore } from './memory.js';
+import type { ObjectStore } from './object-store.js';
+import type { S3ObjectStore, S3StoreOptions } from './s3.js';
+import type { ByteRange, ListOptions, ObjectHead, ObjectInfo, PutOptions } from './object-store.js';
+
+/**
+ * `file:` + ($BATON_HOME or $XDG_DATA_HOME/baton or ~/.local/share/baton) + `/store`, unless
+ * $BATON_STORE names another. Defined once, in src/config.ts (the CLI's defaults live there).
+ */
+export { defaultStoreUrl } from '../config.js';
+
+export interface OpenStoreOptions {
+  /** S3-compatible endpoint URL; default $BATON_S3_ENDPOINT, else AWS. */
+  endpoint?: string;
+  region?: string;
+  /** Tests; production uses the AWS default chain. */
+  credentials?: S3StoreOptions['credentials'];
+  maxSockets?: number;
+  retry?: RetryOptions;
+}
+
+const USAGE = '--store must be file:DIR or s3://bucket[/prefix]';
+// S3 bucket naming rules (lower-case, 3-63, no leading/trailing dot or dash).
+const BUCKET = /^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$/;
+
+export function openStore(url: string, opts: OpenStoreOptions = {}): ObjectStore {
+  if (url === 'memory:' || url === 'memory://') return new MemoryObjectStore();
+  if (url.startsWith('file:')) return new LocalDirObjectStore(parseFileUrl(url));
+  if (url.startsWith('s3://')) {
+    const rest = url.slice('s3://'.length);
+    const slash = rest.indexOf('/');
+    const bucket = slash < 0 ? rest : rest.slice(0, slash);
+    const prefix = slash < 0 ? '' : rest.slice(slash + 1);
+    if (!BUCKET.test(bucket) || bucket.includes('..')) {
+      throw new InvalidArgumentError(`--store ${url}: "${bucket}" is not a valid S3 bucket name (3-63 characters of a-z 0-9 . -); ${USAGE}`);
+    }
+    if (prefix.split('/').some((s, i, a) => (s === '' && i < a.length - 1) || s === '.' || s === '..')) {
+      throw new InvalidArgumentError(`--store ${url}: the prefix "${prefix}" has an empty, "." or ".." segment; ${USAGE}`);
+    }
+    const endpoint = opts.endpoint ?? (process.env.BATON_S3_ENDPOINT || undefined);
+    if (endpoint !== undefined && !/^https?:\/\/[^/]+/.test(endpoint)) {
+      throw new InvalidArgumentError(`--endpoint ${endpoint}: must be an http:// or https:// URL, e.g. http://127.0.0.1:9000`);
+    }
+    const s3opts: S3StoreOptions = {
+      bucket,
+      prefix,
+      ...(endpoint !== undefined ? { endpoint } : {}),
+      ...(opts.region !== undefined ? { region: opts.region } : {}),
+      ...(opts.credentials !== undefined ? { credentials: opts.credentials } : {}),
+      ...(opts.maxSockets !== undefined ? { maxSockets: opts.maxSockets } : {}),
+    };
+    const description = `s3://${bucket}/${prefix}`;
+    return new RetryingObjectStore(new LazyObjectStore(description, async () => new (await import('./s3.js')).S3ObjectStore(s3opts)), opts.retry);
+  }
+  throw new InvalidArgumentError(`--store ${JSON.stringify(url)}: unknown kind of store; ${USAGE}`);
+}
+
+function parseFileUrl(url: string): string {
+  let path: string;
+  if (url.startsWith('file://')) {
+    // file:///abs (empty host) or file://localhost/abs; any other host is not on this machine.
+    const rest = url.slice('file://'.length);
+    const slash = rest.indexOf('/');
+    const host = slash < 0 ? rest : rest.slice(0, slash);
+    if (host !== '' && host !== 'localhost') {
+      throw new InvalidArgumentError(`--store ${url}: file URLs cannot name another host ("${host}"); use file:///abs/path or file:DIR`);
+    }
+    path = slash < 0 ? '' : decodeURIComponent(rest.slice(slash));
+  } else {
+    path = url.slice('file:'.length);
+  }
+  if (path === '') throw new InvalidArgumentError(`--store ${url}: no directory given; ${USAGE}`);
+  if (path === '~' || path.startsWith('~/')) path = join(homedir(), path.slice(1));
+  return resolve(path);
+}
+
+/**
+ * Loads the AWS SDK on first use: importing it costs ~0.7 s, which every command on a
+ * local store (and every test that spawns the CLI) would otherwise pay.
+ */
+class LazyObjectStore implements ObjectStore {
+  #store: Promise<S3ObjectStore> | null = null;
+  constructor(readonly description: string, private readonly make: () => Promise<S3ObjectStore>) {}
+  #get(): Promise<S3ObjectStore> { return (this.#store ??= this.make()); }
+  async get(key: string, range?: ByteRange): Promise<Buffer> { return (await this.#get()).get(key, range); }
+  async put(key: string, body: Buffer, options?: PutOptions): Promise<void> { return (await this.#get()).put(key, body, options); }
+  async head(key: string): Promise<ObjectHead | null> { return (await this.#get()).head(key); }
+  async *list(prefix: string, options?: ListOptions): AsyncIterable<ObjectInfo> { yield* (await this.#get()).list(prefix, options); }
+  async delete(key: string): Promise<void> { return (await this.#get()).delete(key); }
+  async close(): Promise<void> { if (this.#store) await (await this.#store).close(); }
+}

@@ -1,0 +1,594 @@
+/**
+ * The object-store volume engine: a BlockBackend whose truth is in the object store.
+ *
+ * Design (log-structured, as LSVD and ZeroFS do it):
+ * - Writes are copied into an in-memory write buffer (the `dirty` overlay) shared by every
+ *   connection of the export; reads see them at once.
+ * - FLUSH (and FUA) seals the dirty overlay and commits it: full segments are uploaded in
+ *   parallel, then ONE create-only put of the next log record (which carries the last
+ *   segment's data inline) is the commit point. Only after the store acknowledged that put
+ *   does the flush resolve. A small flush is therefore a single store round trip.
+ * - Flushes that arrive while a commit is running share the next commit (group commit).
+ * - A failed commit keeps every sealed overlay; the next commit includes them, so dirty data
+ *   is never dropped and a later flush can never succeed without it ("fsyncgate").
+ * - The committed extent map (cow/) says which object and offset holds each byte. Reads
+ *   resolve, synchronously and newest first, dirty -> sealed -> committed, then fetch
+ *   committed pieces through the local block cache.
+ * - Memory is bounded: past `dirtySoftLimit` a background commit starts; past
+ *   `dirtyHardLimit` writes wait (in arrival order) until a commit frees memory.
+ * - TRIM and WRITE_ZEROES are map operations: no zero bytes are uploaded.
+ * - Nothing runs on a timer: an idle volume makes no store requests.
+ * - Fencing: a create-only put that finds its log position taken by someone else means
+ *   another writer committed there. This engine then refuses every later write and flush
+ *   (FencedError -> EIO); it can never land data after that point. See src/lease.ts for
+ *   the takeover protocol that relies on this.
+ */
+
+import { randomBytes } from 'node:crypto';
+import type { BlockBackend, Extent, ZeroOptions } from '../../nbd/backend.js';
+import { NBD_STATE_HOLE, NBD_STATE_ZERO } from '../../nbd/constants.js';
+import { ExtentMap, type Piece } from '../../cow/extent-map.js';
+import type { BlockCache } from '../cache.js';
+import { CorruptError, FencedError, PreconditionFailedError, ReadOnlyError, ShutdownError, errorMessage } from '../errors.js';
+import type { Logger } from '../log.js';
+import { listAll, type ObjectStore } from '../store/object-store.js';
+import {
+  SRC_HOLE, SRC_INLINE, SRC_ZERO, decodeCheckpoint, decodeLogHeader, keys, logHeaderLength, seqFromKey, encodeLogRecord,
+  type Checkpoint, type LogHeader, type RecordExtent, type VolumeRecord,
+} from './format.js';
+
+// ------------------------------------------------------------------ map values
+
+/** Where committed bytes live: object `key` at `off`, or zeroes. */
+export type Loc = { key: string; off: number } | ZeroLoc;
+export interface ZeroLoc { zero: true; hole: boolean }
+const HOLE: ZeroLoc = { zero: true, hole: true };
+const ZERO: ZeroLoc = { zero: true, hole: false };
+
+function isZero(v: Loc | Dirty): v is ZeroLoc { return (v as ZeroLoc).zero === true; }
+
+const sliceLoc = (v: Loc, d: number): Loc => (isZero(v) ? v : { key: v.key, off: v.off + d });
+
+/** A buffered write: bytes in memory, or zeroes. */
+type Dirty = { buf: Buffer } | ZeroLoc;
+const sliceDirty = (v: Dirty, d: number): Dirty => (isZero(v) ? v : { buf: v.buf.subarray(d) });
+
+interface Sealed {
+  map: ExtentMap<Dirty>;
+  bytes: number;
+}
+
+export interface VolumeOptions {
+  store: ObjectStore;
+  cache: BlockCache;
+  log: Logger;
+  readOnly: boolean;
+  /** Fencing token written into every log record (0 without a lease). */
+  token?: number;
+  /** Size of an uploaded data segment; a flush with less data is a single put. */
+  segmentBytes?: number;
+  dirtySoftLimit?: number;
+  dirtyHardLimit?: number;
+  /** Write a checkpoint of the map after this many log records. */
+  checkpointEvery?: number;
+  /** Parallel segment uploads per commit. */
+  uploadConcurrency?: number;
+}
+
+export interface VolumeStats {
+  dirtyBytes: number;
+  sealedBytes: number;
+  commits: number;
+  lastCommitSeq: number;
+  lastFlushAt: string | null;
+  extents: number;
+  fenced: boolean;
+}
+
+interface Deferred { promise: Promise<void>; resolve: () => void; reject: (e: unknown) => void }
+function deferred(): Deferred {
+  let resolve!: () => void;
+  let reject!: (e: unknown) => void;
+  const promise = new Promise<void>((res, rej) => { resolve = res; reject = rej; });
+  promise.catch(() => {}); // a commit nobody waits for must not become an unhandled rejection
+  return { promise, resolve, reject };
+}
+
+const ARENA_CHUNK = 1024 * 1024;
+
+export class Volume implements BlockBackend {
+  readonly size: number;
+  readonly readOnly: boolean;
+  private readonly store: ObjectStore;
+  private readonly blockCache: BlockCache;
+  private readonly log: Logger;
+  private readonly id: string;
+  private token: number;
+
+  private committed = new ExtentMap<Loc>(sliceLoc);
+  private readonly objectSizes = new Map<string, number>();
+  private dirty = new ExtentMap<Dirty>(sliceDirty);
+  private dirtyBytes = 0;
+  private readonly sealed: Sealed[] = [];
+  private arena: Buffer = Buffer.alloc(0);
+  private arenaUsed = 0;
+
+  private nextSeq = 1;
+  private lastCheckpointSeq = 0;
+  private checkpointing = false;
+  private commitRunning: Promise<void> | null = null;
+  private nextCommit: Deferred | null = null;
+  /** The last commit attempt whose outcome is unknown (its put failed without an answer). */
+  private ambiguous: { seq: number; putId: string; batchLength: number; apply: () => void } | null = null;
+  private fencedError: FencedError | null = null;
+  private closed = false;
+  private readonly writeWaiters: (() => void)[] = [];
+  private lastReadEnd = -1;
+  private sequentialStreak = 0;
+  private commits = 0;
+  private lastFlushAt: string | null = null;
+
+  private readonly segmentBytes: number;
+  private readonly softLimit: number;
+  private readonly hardLimit: number;
+  private readonly checkpointEvery: number;
+  private readonly uploadConcurrency: number;
+
+  private constructor(private readonly record: VolumeRecord, opts: VolumeOptions) {
+    this.size = record.size;
+    this.id = record.id;
+    this.readOnly = opts.readOnly;
+    this.store = opts.store;
+    this.blockCache = opts.cache;
+    this.log = opts.log.child({ volume: record.name });
+    this.token = opts.token ?? 0;
+    this.segmentBytes = opts.segmentBytes ?? 8 * 1024 * 1024;
+    this.softLimit = opts.dirtySoftLimit ?? 64 * 1024 * 1024;
+    this.hardLimit = Math.max(opts.dirtyHardLimit ?? 256 * 1024 * 1024, this.softLimit + 32 * 1024 * 1024);
+    this.checkpointEvery = opts.checkpointEvery ?? 64;
+    this.uploadConcurrency = opts.uploadConcurrency ?? 16;
+  }
+
+  get name(): string { return this.record.name; }
+  get volumeId(): string { return this.id; }
+  /** The next log position this writer will commit at. */
+  get nextLogSeq(): number { return this.nextSeq; }
+
+  /** Open a volume: latest checkpoint, then replay the log after it. */
+  static async open(record: VolumeRecord, opts: VolumeOptions): Promise<Volume> {
+    const v = new Volume(record, opts);
+    await v.recover();
+    return v;
+  }
+
+  private async recover(): Promise<void> {
+    const t0 = Date.now();
+    const cps = await listAll(this.store, keys.checkpointPrefix(this.id));
+    let fromSeq = 0;
+    let maxToken = 0;
+    // Newest checkpoint first; a checkpoint that fails to load is skipped, not trusted.
+    for (const cp of cps.reverse()) {
+      try {
+        const c = decodeCheckpoint(await this.store.get(cp.key), cp.key);
+        this.loadCheckpoint(c);
+        fromSeq = c.seq;
+        maxToken = c.token;
+        break;
+      } catch (err) {
+        this.log.warn({ key: cp.key, err: errorMessage(err) }, 'skipping unreadable checkpoint');
+      }
+    }
+    this.lastCheckpointSeq = fromSeq;
+    const logs = await listAll(this.store, keys.logPrefix(this.id), fromSeq > 0 ? { startAfter: keys.log(this.id, fromSeq) } : {});
+    let expect = fromSeq + 1;
+    // Fetch headers with bounded parallelism, apply strictly in order.
+    const headers = await mapLimit(logs, 16, (o) => this.readLogHeader(o.key, o.size));
+    for (let i = 0; i < logs.length; i++) {
+      const o = logs[i]!;
+      const seq = seqFromKey(o.key);
+      if (seq !== expect) throw new CorruptError(`volume ${this.name}: log record ${expect} is missing (found ${seq}); refusing to guess`);
+      const { header, dataStart } = headers[i]!;
+      if (header.seq !== seq || header.volumeId !== this.id) throw new CorruptError(`${o.key}: header says seq ${header.seq} of volume ${header.volumeId}`);
+      this.applyRecord(o.key, header, dataStart, o.size);
+      maxToken = Math.max(maxToken, header.token);
+      expect++;
+    }
+    this.nextSeq = expect;
+    this.highestTokenSeen = maxToken;
+    this.log.info({ seq: this.nextSeq - 1, checkpoint: fromSeq, replayed: logs.length, extents: this.committed.size, ms: Date.now() - t0 }, 'volume recovered');
+  }
+
+  /** Highest fencing token in the log (the lease layer refuses to write under a lower one). */
+  highestTokenSeen = 0;
+
+  private async readLogHeader(key: string, size: number): Promise<{ header: LogHeader; dataStart: number }> {
+    const first = Math.min(size, 64 * 1024);
+    let b = await this.store.get(key, { offset: 0, length: first });
+    const need = 12 + logHeaderLength(b, key);
+    if (need > b.length) {
+      if (need > size) throw new CorruptError(`${key}: header length past the end of the object`);
+      b = await this.store.get(key, { offset: 0, length: need });
+    }
+    return decodeLogHeader(b, key);
+  }
+
+  private applyRecord(key: string, h: LogHeader, dataStart: number, recordSize: number): void {
+    this.objectSizes.set(key, recordSize);
+    for (const s of h.segments) this.objectSizes.set(s.key, s.size);
+    for (const [off, len, src, srcOff] of h.extents) {
+      if (off < 0 || len <= 0 || off + len > this.size) throw new CorruptError(`${key}: extent out of range`);
+      let loc: Loc;
+      if (src === SRC_HOLE) loc = HOLE;
+      else if (src === SRC_ZERO) loc = ZERO;
+      else if (src === SRC_INLINE) loc = { key, off: dataStart + srcOff };
+      else {
+        const seg = h.segments[src];
+        if (!seg) throw new CorruptError(`${key}: extent refers to missing segment ${src}`);
+        loc = { key: seg.key, off: srcOff };
+      }
+      this.committed.set(off, len, loc);
+    }
+  }
+
+  private loadCheckpoint(c: Checkpoint): void {
+    const m = new ExtentMap<Loc>(sliceLoc);
+    for (const [key, size] of c.objects) this.objectSizes.set(key, size);
+    for (const [off, len, src, srcOff] of c.extents) {
+      if (src === SRC_HOLE) m.set(off, len, HOLE);
+      else if (src === SRC_ZERO) m.set(off, len, ZERO);
+      else {
+        const o = c.objects[src];
+        if (!o) throw new CorruptError(`checkpoint ${c.seq}: bad object index`);
+        m.set(off, len, { key: o[0], off: srcOff });
+      }
+    }
+    this.committed = m;
+  }
+
+  // ------------------------------------------------------------------ reads
+
+  /** Resolve [offset, offset+length) to the newest source of each piece. Synchronous: a consistent snapshot. */
+  private resolve(offset: number, length: number, visit: (p: Piece<Dirty | Loc>) => void): void {
+    const layers: ExtentMap<Dirty>[] = [this.dirty];
+    for (let i = this.sealed.length - 1; i >= 0; i--) layers.push(this.sealed[i]!.map);
+    const walk = (layer: number, off: number, len: number): void => {
+      if (layer === layers.length) {
+        for (const p of this.committed.lookup(off, len)) visit(p);
+        return;
+      }
+      for (const p of layers[layer]!.lookup(off, len)) {
+        if (p.value !== undefined) visit(p);
+        else walk(layer + 1, p.offset, p.length);
+      }
+    };
+    walk(0, offset, length);
+  }
+
+  async read(offset: number, length: number): Promise<Buffer> {
+    const out = Buffer.alloc(length);
+    const fetches: { key: string; off: number; len: number; outOff: number }[] = [];
+    this.resolve(offset, length, (p) => {
+      const v = p.value;
+      if (v === undefined || isZero(v)) return;
+      if ('buf' in v) v.buf.copy(out, p.offset - offset, 0, p.length);
+      else fetches.push({ key: v.key, off: v.off, len: p.length, outOff: p.offset - offset });
+    });
+    if (fetches.length > 0) {
+      // Sequential readers get a growing readahead window.
+      if (offset === this.lastReadEnd) this.sequentialStreak = Math.min(this.sequentialStreak + 1, 6);
+      else this.sequentialStreak = 0;
+      const readahead = this.sequentialStreak > 0 ? (128 * 1024) << this.sequentialStreak : 0;
+      await Promise.all(fetches.map((f) => this.blockCache.read(this.store, f.key, this.objectSize(f.key), f.off, f.len, out, f.outOff, readahead)));
+    }
+    this.lastReadEnd = offset + length;
+    return out;
+  }
+
+  private objectSize(key: string): number {
+    const s = this.objectSizes.get(key);
+    if (s === undefined) throw new CorruptError(`map refers to object ${key} of unknown size`);
+    return s;
+  }
+
+  async blockStatus(offset: number, length: number): Promise<Extent[]> {
+    const out: Extent[] = [];
+    this.resolve(offset, length, (p) => {
+      const v = p.value;
+      const flags = v === undefined ? NBD_STATE_HOLE | NBD_STATE_ZERO : isZero(v) ? (v.hole ? NBD_STATE_HOLE | NBD_STATE_ZERO : NBD_STATE_ZERO) : 0;
+      const last = out[out.length - 1];
+      if (last && last.flags === flags) last.length += p.length;
+      else out.push({ length: p.length, flags });
+    });
+    return out;
+  }
+
+  async cache(offset: number, length: number): Promise<void> {
+    // Read-ahead hint: warm the cache with committed pieces; the result is not needed.
+    await this.read(offset, Math.min(length, 64 * 1024 * 1024)).catch(() => {});
+  }
+
+  // ------------------------------------------------------------------ writes
+
+  private checkWritable(): void {
+    if (this.fencedError) throw this.fencedError;
+    if (this.readOnly) throw new ReadOnlyError(`volume ${this.name} is open read-only`);
+    if (this.closed) throw new ShutdownError(`volume ${this.name} is closed`);
+  }
+
+  private get heldBytes(): number {
+    let n = this.dirtyBytes;
+    for (const s of this.sealed) n += s.bytes;
+    return n;
+  }
+
+  /** Writes wait here, in arrival order, while buffered data is over the hard limit. */
+  private async admit(): Promise<void> {
+    if (this.writeWaiters.length === 0 && this.heldBytes < this.hardLimit) return;
+    await new Promise<void>((resolve) => {
+      this.writeWaiters.push(resolve);
+      this.kickCommit();
+    });
+    this.checkWritable();
+  }
+
+  private wakeWriters(): void {
+    while (this.writeWaiters.length > 0 && (this.heldBytes < this.hardLimit || this.fencedError || this.closed)) this.writeWaiters.shift()!();
+  }
+
+  async write(offset: number, data: Buffer, fua: boolean): Promise<void> {
+    this.checkWritable();
+    await this.admit();
+    this.dirty.set(offset, data.length, { buf: this.copyIn(data) });
+    this.dirtyBytes += data.length;
+    this.afterMutation();
+    if (fua) await this.flush();
+  }
+
+  /** Copy a write into the arena (small writes) or an own buffer (large), so the caller's buffer is not retained. */
+  private copyIn(data: Buffer): Buffer {
+    if (data.length >= 64 * 1024) {
+      // A large payload that owns its whole ArrayBuffer can be kept as it is: no copy.
+      if (data.byteOffset === 0 && data.byteLength === data.buffer.byteLength) return data;
+      return Buffer.from(data);
+    }
+    if (this.arenaUsed + data.length > this.arena.length) {
+      this.arena = Buffer.allocUnsafe(ARENA_CHUNK);
+      this.arenaUsed = 0;
+    }
+    const out = this.arena.subarray(this.arenaUsed, this.arenaUsed + data.length);
+    data.copy(out);
+    this.arenaUsed += data.length;
+    return out;
+  }
+
+  async trim(offset: number, length: number, fua: boolean): Promise<void> {
+    this.checkWritable();
+    await this.admit();
+    this.dirty.set(offset, length, HOLE);
+    this.afterMutation();
+    if (fua) await this.flush();
+  }
+
+  async zero(offset: number, length: number, o: ZeroOptions): Promise<void> {
+    this.checkWritable();
+    // Zeroing is a map operation, always faster than writing: FAST_ZERO never has to refuse.
+    await this.admit();
+    this.dirty.set(offset, length, o.mayTrim ? HOLE : ZERO);
+    this.afterMutation();
+    if (o.fua) await this.flush();
+  }
+
+  private afterMutation(): void {
+    if (this.heldBytes >= this.softLimit) this.kickCommit();
+  }
+
+  /** Start a background commit if none is running, or make sure one follows the running one. */
+  private kickCommit(): void {
+    if (this.fencedError || this.closed) return;
+    if (!this.commitRunning) void this.startCommit().catch((err) => this.log.warn({ err: errorMessage(err) }, 'background commit failed; data stays dirty'));
+    else if (!this.nextCommit) this.nextCommit = deferred();
+  }
+
+  // ------------------------------------------------------------------ flush / commit
+
+  async flush(): Promise<void> {
+    if (this.fencedError) throw this.fencedError;
+    if (this.readOnly) return;
+    if (!this.commitRunning) {
+      if (this.dirty.isEmpty() && this.sealed.length === 0) return;
+      return this.startCommit();
+    }
+    // The running commit sealed before this call: this flush needs the next commit.
+    if (!this.nextCommit) this.nextCommit = deferred();
+    return this.nextCommit.promise;
+  }
+
+  private startCommit(): Promise<void> {
+    const p = this.commit().finally(() => {
+      this.commitRunning = null;
+      this.wakeWriters();
+      const next = this.nextCommit;
+      this.nextCommit = null;
+      if (!next) return;
+      if (this.fencedError) next.reject(this.fencedError);
+      else if (this.dirty.isEmpty() && this.sealed.length === 0) next.resolve();
+      else this.startCommit().then(next.resolve, next.reject);
+    });
+    this.commitRunning = p;
+    return p;
+  }
+
+  private async commit(): Promise<void> {
+    if (!this.dirty.isEmpty()) {
+      this.sealed.push({ map: this.dirty, bytes: this.dirtyBytes });
+      this.dirty = new ExtentMap<Dirty>(sliceDirty);
+      this.dirtyBytes = 0;
+      this.arena = Buffer.alloc(0); // sealed buffers keep their chunks alive; new writes start a new one
+      this.arenaUsed = 0;
+    }
+    if (this.sealed.length === 0) return;
+    if (this.ambiguous) await this.resolveAmbiguous();
+    if (this.sealed.length === 0) return;
+
+    const batchLength = this.sealed.length;
+    let merged = this.sealed[0]!.map;
+    if (batchLength > 1) {
+      merged = merged.clone();
+      for (let i = 1; i < batchLength; i++) for (const e of this.sealed[i]!.map.entries()) merged.set(e.offset, e.length, e.value);
+    }
+    const seq = this.nextSeq;
+    const nonce = randomBytes(4).toString('hex');
+
+    // Pack the data in volume order: full segments are uploaded separately, the rest rides
+    // inline in the log record.
+    const extents: RecordExtent[] = [];
+    const segments: { key: string; size: number; parts: Buffer[] }[] = [];
+    let parts: Buffer[] = [];
+    let partBytes = 0;
+    const sealSegment = (): void => {
+      segments.push({ key: keys.segment(this.id, seq, nonce, segments.length), size: partBytes, parts });
+      parts = [];
+      partBytes = 0;
+    };
+    // Extents pointing at the not-yet-sealed tail use SRC_INLINE; fixed up when the tail becomes a segment.
+    let tailExtents: RecordExtent[] = [];
+    for (const e of merged.entries()) {
+      const v = e.value;
+      if (isZero(v)) { extents.push([e.offset, e.length, v.hole ? SRC_HOLE : SRC_ZERO, 0]); continue; }
+      let done = 0;
+      while (done < e.length) {
+        const n = Math.min(e.length - done, this.segmentBytes - partBytes);
+        const x: RecordExtent = [e.offset + done, n, SRC_INLINE, partBytes];
+        extents.push(x);
+        tailExtents.push(x);
+        parts.push(v.buf.subarray(done, done + n));
+        partBytes += n;
+        done += n;
+        if (partBytes >= this.segmentBytes) {
+          for (const t of tailExtents) t[2] = segments.length;
+          tailExtents = [];
+          sealSegment();
+        }
+      }
+    }
+    const inlineParts = parts;
+    const inlineLength = partBytes;
+
+    const segBodies = segments.map((s) => Buffer.concat(s.parts, s.size));
+    await mapLimit(segments, this.uploadConcurrency, async (s, i) => {
+      await this.store.put(s.key, segBodies[i]!);
+    });
+
+    const header: LogHeader = {
+      v: 1, kind: 'commit', seq, volumeId: this.id, token: this.token, time: new Date().toISOString(),
+      segments: segments.map((s) => ({ key: s.key, size: s.size })), extents, inlineLength,
+    };
+    const { body, dataStart } = encodeLogRecord(header, inlineParts);
+    const key = keys.log(this.id, seq);
+    const putId = randomBytes(8).toString('hex');
+    const apply = (): void => {
+      this.applyRecord(key, header, dataStart, body.length);
+      this.blockCache.insertObject(key, body);
+      segments.forEach((s, i) => this.blockCache.insertObject(s.key, segBodies[i]!));
+      this.sealed.splice(0, batchLength);
+      this.nextSeq = seq + 1;
+      this.commits++;
+      this.lastFlushAt = header.time;
+      this.maybeCheckpoint();
+    };
+    try {
+      await this.store.put(key, body, { ifNoneMatch: true, metadata: { 'baton-put-id': putId } });
+    } catch (err) {
+      if (err instanceof PreconditionFailedError) {
+        this.fence(`log position ${seq} of volume ${this.name} was taken by another writer`);
+        throw this.fencedError!;
+      }
+      // Unknown outcome: it may have landed. Remember how to recognise it.
+      this.ambiguous = { seq, putId, batchLength, apply };
+      throw err;
+    }
+    this.ambiguous = null;
+    apply();
+    this.log.debug({ seq, segments: segments.length, inline: inlineLength, extents: extents.length }, 'committed');
+  }
+
+  /** A previous commit's put failed without an answer: find out whether it landed before going on. */
+  private async resolveAmbiguous(): Promise<void> {
+    const a = this.ambiguous!;
+    const head = await this.store.head(keys.log(this.id, a.seq));
+    if (!head) { this.ambiguous = null; return; } // it did not land; commit again at the same position
+    if (head.metadata['baton-put-id'] === a.putId) {
+      this.ambiguous = null;
+      a.apply();
+      this.log.info({ seq: a.seq }, 'an earlier commit whose reply was lost did land');
+      return;
+    }
+    this.fence(`log position ${a.seq} of volume ${this.name} was taken by another writer`);
+    throw this.fencedError!;
+  }
+
+  private fence(reason: string): void {
+    if (this.fencedError) return;
+    this.fencedError = new FencedError(`${reason}; this host no longer writes it (reattach to serve it again)`);
+    this.log.error({ reason }, 'volume fenced: refusing further writes');
+    this.wakeWriters();
+  }
+
+  /** For the lease layer: stop writing now (lease lost or handed over). */
+  fenceLocally(reason: string): void { this.fence(reason); }
+
+  get isFenced(): boolean { return this.fencedError !== null; }
+
+  private maybeCheckpoint(): void {
+    if (this.checkpointing || this.nextSeq - 1 - this.lastCheckpointSeq < this.checkpointEvery) return;
+    const seq = this.nextSeq - 1;
+    // Serialize now (a consistent snapshot at `seq`), upload in the background.
+    const objects = new Map<string, number>();
+    const ext: RecordExtent[] = [];
+    for (const e of this.committed.entries()) {
+      const v = e.value;
+      if (isZero(v)) { ext.push([e.offset, e.length, v.hole ? SRC_HOLE : SRC_ZERO, 0]); continue; }
+      let idx = objects.get(v.key);
+      if (idx === undefined) { idx = objects.size; objects.set(v.key, idx); }
+      ext.push([e.offset, e.length, idx, v.off]);
+    }
+    const cp: Checkpoint = {
+      v: 1, volumeId: this.id, seq, token: Math.max(this.token, this.highestTokenSeen), time: new Date().toISOString(),
+      objects: [...objects.keys()].map((k) => [k, this.objectSizes.get(k) ?? 0]), extents: ext,
+    };
+    this.checkpointing = true;
+    this.store.put(keys.checkpoint(this.id, seq), Buffer.from(JSON.stringify(cp)))
+      .then(() => { this.lastCheckpointSeq = Math.max(this.lastCheckpointSeq, seq); this.log.debug({ seq }, 'checkpoint written'); })
+      .catch((err) => this.log.warn({ seq, err: errorMessage(err) }, 'checkpoint failed; recovery replays more log'))
+      .finally(() => { this.checkpointing = false; });
+  }
+
+  stats(): VolumeStats {
+    return {
+      dirtyBytes: this.dirtyBytes, sealedBytes: this.heldBytes - this.dirtyBytes, commits: this.commits,
+      lastCommitSeq: this.nextSeq - 1, lastFlushAt: this.lastFlushAt, extents: this.committed.size, fenced: this.isFenced,
+    };
+  }
+
+  /** Flush what is dirty (unless fenced) and stop. */
+  async close(): Promise<void> {
+    if (!this.readOnly && !this.fencedError) await this.flush();
+    this.closed = true;
+    this.wakeWriters();
+    while (this.checkpointing) await new Promise((r) => setTimeout(r, 10));
+  }
+}
+
+/** Run `fn` over `items` with at most `limit` in flight; results in input order. */
+export async function mapLimit<T, R>(items: readonly T[], limit: number, fn: (item: T, index: number) => Promise<R>): Promise<R[]> {
+  const out: R[] = new Array(items.length);
+  let next = 0;
+  const worker = async (): Promise<void> => {
+    while (next < items.length) {
+      const i = next++;
+      out[i] = await fn(items[i]!, i);
+    }
+  };
+  await Promise.all(Array.from({ length: Math.min(limit, items.length) }, worker));
+  return out;
+}
