@@ -80,12 +80,28 @@ function cleanupSync(): void {
   tempPaths.clear();
 }
 
-/** A temp directory removed when the process exits (also on failure or Ctrl-C). */
+/**
+ * A temp directory `BASE/PREFIX<pid>-XXXXXX`, removed when the process exits (also on failure
+ * or Ctrl-C). Directories with the same prefix left by a harness that was SIGKILLed (whose
+ * pid is gone) are swept first: a 1 GiB source file in /dev/shm would otherwise hold RAM.
+ */
 export function makeTempDir(prefix: string, base = os.tmpdir()): string {
   installCleanupHandlers();
-  const dir = fs.mkdtempSync(path.join(base, prefix));
+  sweepStale(base, prefix);
+  const dir = fs.mkdtempSync(path.join(base, `${prefix}${process.pid}-`));
   tempPaths.add(dir);
   return dir;
+}
+
+function sweepStale(base: string, prefix: string): void {
+  let names: string[];
+  try { names = fs.readdirSync(base); } catch { return; }
+  for (const n of names) {
+    if (!n.startsWith(prefix)) continue;
+    const m = /^(\d+)-[^-]+$/.exec(n.slice(prefix.length));
+    if (!m || Number(m[1]) === process.pid || fs.existsSync(`/proc/${m[1]}`)) continue;
+    try { fs.rmSync(path.join(base, n), { recursive: true, force: true }); } catch { /* not ours to remove */ }
+  }
 }
 
 /** Remove a temp path now (instead of at exit). */
@@ -195,6 +211,8 @@ export interface Server {
   /** The command that started it (as a user would type it). */
   readonly argv: string[];
   alive(): boolean;
+  /** "running", or how it ended ("exit 1", "signal SIGKILL"). */
+  status(): string;
   /** CPU seconds the server process has used so far. */
   cpuSeconds(): number;
   /** Collected stderr (last 64 KiB). */
@@ -231,6 +249,7 @@ async function startServer(kind: string, argv: string[], socket: string, uri: st
     pid: child.pid,
     argv,
     alive,
+    status: () => (alive() ? 'running' : child.signalCode ? `signal ${child.signalCode}` : `exit ${child.exitCode}`),
     cpuSeconds: () => processCpuSeconds(child.pid),
     stderr: () => err,
     stop: async (graceMs = 10_000) => {

@@ -19,7 +19,8 @@
  * (`memory:,ram:`; the first one is judged against the targets), LOCAL (1: also measure the
  * local disk), PROFILE (0: 1 runs baton under `node --cpu-prof` and lists the hottest
  * functions; the numbers of such a run are not comparable).
- * Results: bench/results/nbd-throughput.md (table) and .json (everything, incl. raw fio jobs).
+ * Results: bench/results/nbd-throughput.md (table) and .json (everything, incl. raw fio jobs);
+ * with PROFILE=1 nbd-throughput-profile.md/.json instead.
  */
 
 import * as fs from 'node:fs';
@@ -156,7 +157,7 @@ async function runSteps(defs: StepDef[], server: Server | null, log: (s: string)
     const cpu0 = server ? server.cpuSeconds() : NaN;
     const t0 = Date.now();
     try {
-      if (server && !server.alive()) throw new Error(`${server.kind} is no longer running:\n${server.stderr().slice(-2000)}`);
+      if (server && !server.alive()) throw new Error(`${server.kind} is no longer running (${server.status()})${server.stderr() ? ':\n' + server.stderr().slice(-2000) : ''}`);
       const r = await d.run();
       rec.argv = r.argv;
       rec.values = r.values;
@@ -258,7 +259,8 @@ async function main(): Promise<void> {
     summary: Object.fromEntries(targets.map((t) => [t.id, summarize(runs, t.id)])),
     runs,
   };
-  const written = writeResults('nbd-throughput', report, json);
+  // A profiled run's numbers are not comparable: keep them apart from the reference table.
+  const written = writeResults(PROFILE ? 'nbd-throughput-profile' : 'nbd-throughput', report, json);
   process.stdout.write(report);
   log(`\nwrote ${path.relative(process.cwd(), written.md)} and ${path.relative(process.cwd(), written.json)} in ${((finished - started) / 1000).toFixed(0)} s`);
   if (runs.some((r) => r.steps.some((s) => s.error))) process.exitCode = 1;

@@ -33,7 +33,7 @@ export class ExtentMap<V> {
   private readonly regions = new Map<number, Extent<V>[]>();
   private count = 0;
 
-  constructor(private readonly slice: (value: V, delta: number) => V) {}
+  constructor(private readonly slice: (value: V, delta: number) => V, private readonly regionSize = REGION_SIZE) {}
 
   get size(): number { return this.count; }
 
@@ -42,8 +42,8 @@ export class ExtentMap<V> {
     let pos = offset;
     const end = offset + length;
     while (pos < end) {
-      const r = Math.floor(pos / REGION_SIZE);
-      const rEnd = Math.min((r + 1) * REGION_SIZE, end);
+      const r = Math.floor(pos / this.regionSize);
+      const rEnd = Math.min((r + 1) * this.regionSize, end);
       this.setInRegion(r, pos, rEnd - pos, pos === offset ? value : this.slice(value, pos - offset));
       pos = rEnd;
     }
@@ -54,8 +54,8 @@ export class ExtentMap<V> {
     let pos = offset;
     const end = offset + length;
     while (pos < end) {
-      const r = Math.floor(pos / REGION_SIZE);
-      const rEnd = Math.min((r + 1) * REGION_SIZE, end);
+      const r = Math.floor(pos / this.regionSize);
+      const rEnd = Math.min((r + 1) * this.regionSize, end);
       this.setInRegion(r, pos, rEnd - pos, undefined);
       pos = rEnd;
     }
@@ -105,8 +105,8 @@ export class ExtentMap<V> {
     let pos = offset;
     const end = offset + length;
     while (pos < end) {
-      const r = Math.floor(pos / REGION_SIZE);
-      const rEnd = Math.min((r + 1) * REGION_SIZE, end);
+      const r = Math.floor(pos / this.regionSize);
+      const rEnd = Math.min((r + 1) * this.regionSize, end);
       const arr = this.regions.get(r);
       if (!arr) {
         pushGap(out, pos, rEnd - pos);
@@ -149,7 +149,7 @@ export class ExtentMap<V> {
   isEmpty(): boolean { return this.count === 0; }
 
   clone(): ExtentMap<V> {
-    const m = new ExtentMap<V>(this.slice);
+    const m = new ExtentMap<V>(this.slice, this.regionSize);
     for (const [k, arr] of this.regions) m.regions.set(k, arr.map((e) => ({ ...e })));
     m.count = this.count;
     return m;

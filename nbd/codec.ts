@@ -100,10 +100,13 @@ export function decodeMetaContextRequest(data: Buffer): MetaContextRequest {
   return { exportName, queries };
 }
 
-function decodeString(b: Buffer, what: string): string {
-  const s = b.toString('utf8');
-  // A round trip that changes the bytes means invalid UTF-8; NUL is forbidden in NBD strings.
-  if (Buffer.byteLength(s, 'utf8') !== b.length || s.includes('\0')) throw new InvalidArgumentError(`${what} is not valid UTF-8`);
+const strictUtf8 = new TextDecoder('utf-8', { fatal: true, ignoreBOM: true });
+
+/** NBD strings are UTF-8 without NUL; anything else is refused, never repaired. */
+export function decodeString(b: Buffer, what: string): string {
+  let s: string;
+  try { s = strictUtf8.decode(b); } catch { throw new InvalidArgumentError(`${what} is not valid UTF-8`); }
+  if (s.includes('\0')) throw new InvalidArgumentError(`${what} contains a NUL byte`);
   return s;
 }
 

@@ -161,8 +161,7 @@ export class NbdSession {
       case C.NBD_OPT_EXPORT_NAME: {
         let name: string;
         try {
-          name = data.toString('utf8');
-          if (Buffer.byteLength(name) !== data.length || name.includes('\0')) throw new InvalidArgumentError('export name is not valid UTF-8');
+          name = codec.decodeString(data, 'export name');
         } catch {
           return 'abort';
         }
@@ -264,6 +263,9 @@ export class NbdSession {
   }
 
   private handleMetaContext(option: number, data: Buffer): void {
+    const isSet = option === C.NBD_OPT_SET_META_CONTEXT;
+    // SET replaces the previous selection, even when it fails.
+    if (isSet) this.metaContextExport = null;
     let req: codec.MetaContextRequest;
     try {
       req = codec.decodeMetaContextRequest(data);
@@ -271,10 +273,7 @@ export class NbdSession {
       this.send(codec.encodeOptionError(option, C.NBD_REP_ERR_INVALID, errorMessage(err)));
       return;
     }
-    const isSet = option === C.NBD_OPT_SET_META_CONTEXT;
     if (isSet) {
-      // SET replaces the previous selection, even when it fails.
-      this.metaContextExport = null;
       if (!this.structured) {
         this.send(codec.encodeOptionError(option, C.NBD_REP_ERR_INVALID, 'SET_META_CONTEXT needs structured replies first'));
         return;
@@ -324,7 +323,12 @@ export class NbdSession {
         // buffer leaves no way to stay in sync, so that is the one case we hang up.
         if (req.length > this.opts.maxPayload) throw new ProtocolError(`write payload of ${req.length} bytes exceeds ${this.opts.maxPayload}`);
         await this.acquireSlot(req.length);
-        payload = req.length > 0 ? await this.readFrame(req.length) : Buffer.alloc(0);
+        try {
+          payload = req.length > 0 ? await this.readFrame(req.length) : Buffer.alloc(0);
+        } catch (err) {
+          this.releaseSlot(req.length); // the client vanished mid-payload: nothing will be dispatched
+          throw err;
+        }
       } else {
         await this.acquireSlot(req.type === C.NBD_CMD_READ ? Math.min(req.length, this.opts.maxPayload) : 0);
       }

@@ -124,7 +124,8 @@ export function alignExtents(extents: readonly { length: number; flags: number }
   let partial: { blockStart: number; flags: number } | null = null;
   let pos = start;
   for (const e of extents) {
-    const end = pos + e.length;
+    // Extents may run past the export's end; nothing there is reported.
+    const end = Math.min(pos + e.length, exportSize);
     while (pos < end) {
       const bs = pos - (pos % align);
       const be = Math.min(bs + align, exportSize);
@@ -132,7 +133,6 @@ export function alignExtents(extents: readonly { length: number; flags: number }
         const runEnd = end >= exportSize ? exportSize : end - (end % align);
         push(runEnd, e.flags);
         pos = runEnd;
-        if (runEnd >= exportSize) return out;
       } else {
         const flags: number = partial && partial.blockStart === bs ? partial.flags & e.flags : e.flags;
         partial = { blockStart: bs, flags };
@@ -140,6 +140,7 @@ export function alignExtents(extents: readonly { length: number; flags: number }
         if (pos === be) { push(be, flags); partial = null; }
       }
     }
+    if (pos >= exportSize) return out;
   }
   if (out.length === 0 && partial) out.push({ length: pos - partial.blockStart, flags: partial.flags });
   return out;

@@ -49,7 +49,7 @@ done
 CONSOLE=${CONSOLE:-$OUT.console}
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-bash "$HERE/build.sh" "$VMDIR" || { echo "run.sh: VM image unavailable" >&2; exit 3; }
+bash "$HERE/build.sh" "$VMDIR" >&2 || { echo "run.sh: VM image unavailable" >&2; exit 3; }
 command -v qemu-system-x86_64 >/dev/null || { echo "run.sh: qemu-system-x86_64 missing" >&2; exit 3; }
 
 # qemu's socket chardev takes the path verbatim; commas would split its option string.
@@ -59,8 +59,10 @@ command -v qemu-system-x86_64 >/dev/null || { echo "run.sh: qemu-system-x86_64 m
 
 args=(
   -nodefaults -nic none -display none -no-reboot
-  # Hardware KVM does not work on these hosts (kvm_pvm): software emulation, both host cores.
-  -accel tcg,thread=multi -cpu max -smp "${BATON_VM_SMP:-2}" -m 512M
+  # Hardware KVM does not work on these hosts (kvm_pvm): software emulation. One vCPU: with
+  # two, NBD reads through virtio-serial ran 3-5x slower on a 2-core host (cross-vCPU IPIs
+  # under TCG), and the host's second core stays free for the NBD server.
+  -accel tcg,thread=multi -cpu "${BATON_VM_CPU:-max}" -smp "${BATON_VM_SMP:-1}" -m 512M
   # PVH boot of the uncompressed ELF + uncompressed cpio: no decompression under TCG.
   -kernel "$VMDIR/vmlinux" -initrd "$VMDIR/initrd.cpio"
   -append "console=ttyS0 quiet panic=-1 rdinit=/init baton.scenario=$SCENARIO baton.conns=$CONNS baton.netlink=$([ "$MODE" = netlink ] && echo 1 || echo 0) baton.export=$EXPORT baton.timeout=$NBD_TIMEOUT ${BATON_VM_APPEND:-}"
@@ -77,7 +79,9 @@ done
 
 start=$(date +%s%N)
 # timeout(1) bounds the run even if this script is SIGKILLed; the trap covers TERM/INT.
-timeout -k 5 "$TIMEOUT" qemu-system-x86_64 "${args[@]}" </dev/null &
+# --foreground keeps qemu in this script's process group, so a caller that kills the group
+# (test/helpers/vm.ts does at exit) kills qemu too.
+timeout --foreground -k 5 "$TIMEOUT" qemu-system-x86_64 "${args[@]}" </dev/null &
 qpid=$!
 trap 'kill -TERM "$qpid" 2>/dev/null; wait "$qpid" 2>/dev/null' EXIT
 trap 'exit 143' TERM INT

@@ -169,8 +169,8 @@ export function seededRandom(seed: number): () => number {
 export interface FaultOptions {
   /** Seed for the fault schedule; the same seed and request order give the same faults. */
   seed?: number;
-  /** Added before every request (all ops, also when `ops` limits the faults). */
-  latencyMs?: number;
+  /** Added before every request: one figure for all ops, or per op. Applies also to ops `ops` leaves out. */
+  latencyMs?: number | Partial<Record<StoreOp, number>>;
   /** Probability of StoreUnavailableError before the op is done (nothing happened). */
   errorRate?: number;
   /** Probability the op is done and then StoreUnavailableError thrown (the ambiguous case). */
@@ -274,7 +274,8 @@ export class FaultyObjectStore implements ObjectStore {
     const c = this.#counters[op];
     c.requests++;
     const o = this.#opts;
-    if (o.latencyMs !== undefined && o.latencyMs > 0) await sleepMs(o.latencyMs);
+    const latency = typeof o.latencyMs === 'number' ? o.latencyMs : o.latencyMs?.[op];
+    if (latency !== undefined && latency > 0) await sleepMs(latency);
     while (this.#hangGate !== null) {
       c.hung++;
       this.#pendingHung++;
@@ -372,6 +373,7 @@ export class FaultyObjectStore implements ObjectStore {
 // ---------------------------------------------------------------------------------------------
 
 export interface OpStats {
+  /** Calls of this op. A listing counts once however many S3 pages it took. */
   requests: number;
   errors: number;
   /** Body bytes: returned by get, sent by put. */

@@ -23,9 +23,9 @@
  * - delete removes emptied directories; a put racing with that rmdir sees ENOENT and retries.
  */
 import { randomBytes } from 'node:crypto';
-import { constants as fsc } from 'node:fs';
+import { constants as fsc, type Dirent } from 'node:fs';
 import { link, mkdir, open, readdir, rename, rmdir, stat, unlink, type FileHandle } from 'node:fs/promises';
-import { join, resolve } from 'node:path';
+import { dirname, join, resolve } from 'node:path';
 import {
   BatonError,
   CorruptError,
@@ -174,7 +174,15 @@ export class LocalDirObjectStore implements ObjectStore {
   async #ensureDir(dirSegs: string[]): Promise<void> {
     let parent = this.root;
     if (!this.#durableDirs.has(parent)) {
-      await mkdir(parent, { recursive: true });
+      // The root (and any missing ancestors, e.g. ~/.local/share/baton/store on first use)
+      // must be durable in their parents too, or the first puts could vanish with them.
+      const first = await mkdir(parent, { recursive: true });
+      if (first !== undefined) {
+        for (let d = parent; ; d = dirname(d)) {
+          await fsyncDir(dirname(d));
+          if (d === first || dirname(d) === d) break;
+        }
+      }
       this.#durableDirs.add(parent);
     }
     for (const seg of dirSegs) {
@@ -315,7 +323,7 @@ export class LocalDirObjectStore implements ObjectStore {
   }
 
   async *#walk(dirPath: string, keyPrefix: string, prefix: string, after: string | undefined): AsyncGenerator<ObjectInfo> {
-    let names: import('node:fs').Dirent[];
+    let names: Dirent[];
     try {
       names = await readdir(dirPath, { withFileTypes: true });
     } catch (err) {

@@ -65,7 +65,8 @@ export function openStore(url: string, opts: OpenStoreOptions = {}): ObjectStore
       ...(opts.credentials !== undefined ? { credentials: opts.credentials } : {}),
       ...(opts.maxSockets !== undefined ? { maxSockets: opts.maxSockets } : {}),
     };
-    const description = `s3://${bucket}/${prefix}`;
+    // Same as S3ObjectStore's own (normalizePrefix), without loading the SDK to compute it.
+    const description = `s3://${bucket}/${prefix === '' || prefix.endsWith('/') ? prefix : prefix + '/'}`;
     return new RetryingObjectStore(new LazyObjectStore(description, async () => new (await import('./s3.js')).S3ObjectStore(s3opts)), opts.retry);
   }
   throw new InvalidArgumentError(`--store ${JSON.stringify(url)}: unknown kind of store; ${USAGE}`);

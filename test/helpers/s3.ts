@@ -100,6 +100,7 @@ async function startRgw(): Promise<S3TestEnv> {
       [script, 'start', dir],
       { env: { ...process.env, RGW_WATCH_PID: String(process.pid) }, timeout: 90_000 },
       (err, _stdout, stderr) => {
+        startLog = stderr;
         if (err) reject(new Error(`scripts/rgw.sh start ${dir} failed: ${err.message}\n${stderr}`));
         else resolve();
       },
@@ -113,6 +114,7 @@ async function startRgw(): Promise<S3TestEnv> {
 }
 
 let startMs: number | undefined;
+let startLog = '';
 
 /** How long this process waited for radosgw to start (undefined if it did not start one). */
 export function rgwStartMs(): number | undefined {
@@ -134,6 +136,11 @@ export async function s3TestEnv(t?: LogContext): Promise<S3TestEnv> {
   started.catch(() => { started = undefined; });
   const env = await started;
   t?.log(`S3 endpoint ${env.endpoint}${startMs !== undefined ? ` (radosgw started in ${startMs} ms)` : ''}`);
+  // RGW_TRACE=1 makes rgw.sh time each start step; show that once.
+  if (process.env.RGW_TRACE && startLog !== '') {
+    t?.log(startLog);
+    startLog = '';
+  }
   return env;
 }
 

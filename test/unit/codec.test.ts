@@ -356,7 +356,7 @@ test('invalid UTF-8 or NUL in names and queries → InvalidArgumentError', (t) =
 // decodes to a single U+FFFD, which is also 3 bytes, so the invalid name is accepted and
 // silently becomes "\ufffd". proto.md "Conventions": a string "is a sequence of UTF-8 code
 // points". (The same check is repeated for EXPORT_NAME in nbd/session.ts ~line 165.)
-test.failing('invalid UTF-8 whose replacement has the same byte length is refused too', (t) => {
+test('invalid UTF-8 whose replacement has the same byte length is refused too', (t) => {
   for (const [name, raw] of INVALID_UTF8_SAME_LENGTH) {
     t.throws(() => codec.decodeInfoRequest(V.infoData(raw, [])), { instanceOf: InvalidArgumentError }, `info name: ${name}`);
     t.throws(() => codec.decodeMetaContextRequest(V.metaData('disk', [raw])), { instanceOf: InvalidArgumentError }, `query: ${name}`);

@@ -78,6 +78,11 @@ const backends: Backend[] = [
 
 const utf8Order = (a: string, b: string): number => Buffer.compare(Buffer.from(a), Buffer.from(b));
 
+/** Buffer.equals: ava's deepEqual formats buffers byte by byte and takes seconds on megabytes. */
+function sameBytes(t: ExecutionContext, actual: Buffer, expected: Buffer, message?: string): void {
+  t.true(actual.equals(expected), `${message ?? 'bytes differ'} (got ${actual.length} bytes, expected ${expected.length})`);
+}
+
 /** A store that ignores ifNoneMatch: what s3rver does, and what probeStore must refuse. */
 class IgnoresIfNoneMatch implements ObjectStore {
   readonly description: string;
@@ -101,7 +106,7 @@ const checks: Record<string, Check> = {
     const body = randomBytes(3000);
     const before = Date.now();
     await store.put('vol/abc/blk/0001', body);
-    t.deepEqual(await store.get('vol/abc/blk/0001'), body);
+    sameBytes(t, await store.get('vol/abc/blk/0001'), body);
     const h = await store.head('vol/abc/blk/0001');
     t.truthy(h);
     t.is(h!.key, 'vol/abc/blk/0001');
@@ -137,7 +142,7 @@ const checks: Record<string, Check> = {
     for (const [offset, length] of cases) {
       const got = await store.get('r', { offset, length });
       t.is(got.length, length, `length of ${offset}+${length}`);
-      t.deepEqual(got, body.subarray(offset, offset + length), `bytes of ${offset}+${length}`);
+      sameBytes(t, got, body.subarray(offset, offset + length), `bytes of ${offset}+${length}`);
     }
     for (const [offset, length] of [[995, 10], [1000, 1], [5000, 1], [0, 1001]] as const) {
       await t.throwsAsync(store.get('r', { offset, length }), { instanceOf: OutOfRangeError }, `${offset}+${length} past the end`);
@@ -150,8 +155,8 @@ const checks: Record<string, Check> = {
     const body = randomBytes(5 * 1024 * 1024 + 123);
     await store.put('big', body);
     const off = 3 * 1024 * 1024 - 7;
-    t.deepEqual(await store.get('big', { offset: off, length: 65_536 }), body.subarray(off, off + 65_536));
-    t.deepEqual(await store.get('big'), body);
+    sameBytes(t, await store.get('big', { offset: off, length: 65_536 }), body.subarray(off, off + 65_536));
+    sameBytes(t, await store.get('big'), body);
     t.is((await store.head('big'))!.size, body.length);
   },
 
@@ -182,7 +187,7 @@ const checks: Record<string, Check> = {
     for (const r of results) {
       if (r.status === 'rejected') t.true(r.reason instanceof PreconditionFailedError, `loser got ${String(r.reason)}`);
     }
-    t.deepEqual(await store.get('race/lease'), bodies[winners[0]!]);
+    sameBytes(t, await store.get('race/lease'), bodies[winners[0]!]!);
   },
 
   'metadata round trip': async (t, store) => {
@@ -400,9 +405,8 @@ s3test('s3-rgw: a server that stops answering is StoreUnavailableError after the
   const { port } = server.address() as AddressInfo;
   const env = await s3TestEnv(t);
   const store = s3Store(t, { ...env, endpoint: `http://127.0.0.1:${port}` }, 'whatever', { maxAttempts: 1, socketTimeoutMs: 300 });
-  const t0 = Date.now();
-  await t.throwsAsync(store.head('k'), { instanceOf: StoreUnavailableError });
-  t.true(Date.now() - t0 < 5_000);
+  const err = await t.throwsAsync(store.head('k'), { instanceOf: StoreUnavailableError });
+  t.regex(err!.message, /TimeoutError|timed out/);
 });
 
 s3test('s3-rgw: a create-only put whose reply is lost is resolved by its put id (SDK-level retry)', async (t) => {

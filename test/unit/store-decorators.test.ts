@@ -243,12 +243,19 @@ test('faulty: hang() parks requests without doing them; unhang() lets them throu
   t.is(f.counters().total.hung, 2);
 });
 
-test('faulty: latency applies to every request', async (t) => {
+test('faulty: latency applies to every request, as one figure or per op', async (t) => {
   const f = new FaultyObjectStore(new MemoryObjectStore(), { latencyMs: 30, ops: [] });
-  const t0 = performance.now();
+  let t0 = performance.now();
   await f.put('k', Buffer.from('x'));
   await f.get('k');
   t.true(performance.now() - t0 >= 55, `took ${performance.now() - t0} ms`);
+  f.setFaults({ latencyMs: { put: 40 } });
+  t0 = performance.now();
+  await f.get('k');
+  t.true(performance.now() - t0 < 35, 'get has no latency now');
+  t0 = performance.now();
+  await f.put('k', Buffer.from('y'));
+  t.true(performance.now() - t0 >= 35, 'put has 40 ms');
 });
 
 test('faulty: timeouts send the request, wait, then throw TimeoutError or StoreUnavailableError', async (t) => {

@@ -1,0 +1,79 @@
+import test from 'ava';
+import { ExtentMap, REGION_SIZE } from '../../cow/extent-map.js';
+import { seededRandom } from '../../src/store/decorators.js';
+
+// Values are "source offsets": the byte at volume offset x of an extent set with value v
+// at offset o has source v + (x - o). A byte array model checks every operation.
+type V = number;
+const slice = (v: V, d: number): V => v + d;
+
+function model(size: number): Int32Array {
+  return new Int32Array(size).fill(-1);
+}
+
+function check(t: import('ava').ExecutionContext, m: ExtentMap<V>, ref: Int32Array): void {
+  const got = new Int32Array(ref.length).fill(-1);
+  let prevEnd = -1;
+  for (const e of m.entries()) {
+    t.true(e.offset >= prevEnd, 'extents are sorted and do not overlap');
+    t.true(e.length > 0);
+    for (let i = 0; i < e.length; i++) got[e.offset + i] = e.value + i;
+    prevEnd = e.offset + e.length;
+  }
+  t.deepEqual(got, ref);
+}
+
+test('random sets and deletes match a byte model, across region boundaries', (t) => {
+  const rnd = seededRandom(7);
+  // A small address space that still spans several regions: scale offsets by region size.
+  const size = 4096;
+  const m = new ExtentMap<V>(slice, 512); // 8 regions over the model's 4096 bytes
+  const ref = model(size);
+  for (let i = 0; i < 600; i++) {
+    const off = Math.floor(rnd() * size);
+    const len = 1 + Math.floor(rnd() * Math.min(600, size - off));
+    if (rnd() < 0.2) {
+      m.delete(off, len);
+      for (let k = 0; k < len; k++) ref[off + k] = -1;
+    } else {
+      const v = Math.floor(rnd() * 1e6);
+      m.set(off, len, v);
+      for (let k = 0; k < len; k++) ref[off + k] = v + k;
+    }
+  }
+  check(t, m, ref);
+  // Lookup returns gaps and values covering exactly the range.
+  const pieces = m.lookup(100, 3000);
+  let pos = 100;
+  for (const p of pieces) {
+    t.is(p.offset, pos);
+    for (let k = 0; k < p.length; k++) t.is(p.value === undefined ? -1 : p.value + k, ref[pos + k]!);
+    pos += p.length;
+  }
+  t.is(pos, 3100);
+});
+
+test('extents never cross a region boundary and lookups over regions are seamless', (t) => {
+  const m = new ExtentMap<V>(slice);
+  m.set(REGION_SIZE - 10, 30, 1000);
+  const all = [...m.entries()];
+  t.is(all.length, 2);
+  t.deepEqual(all.map((e) => [e.offset, e.length, e.value]), [[REGION_SIZE - 10, 10, 1000], [REGION_SIZE, 20, 1010]]);
+  const p = m.lookup(REGION_SIZE - 20, 50);
+  t.deepEqual(p.map((x) => [x.offset, x.length, x.value]), [
+    [REGION_SIZE - 20, 10, undefined], [REGION_SIZE - 10, 10, 1000], [REGION_SIZE, 20, 1010], [REGION_SIZE + 20, 10, undefined],
+  ]);
+});
+
+test('a huge sparse map (1 TiB address space) costs only what is written', (t) => {
+  const m = new ExtentMap<V>(slice);
+  const TiB = 1024 ** 4;
+  for (let i = 0; i < 1000; i++) m.set(Math.floor((i / 1000) * (TiB / 4096 - 1)) * 4096, 4096, i);
+  t.is(m.size, 1000);
+  const last = m.lookup(TiB - 8192, 8192);
+  t.true(last.length >= 1);
+  const c = m.clone();
+  c.set(0, 4096, 42);
+  t.is(m.lookup(0, 1)[0]!.value, 0, 'clone is independent');
+  t.is(c.lookup(0, 1)[0]!.value, 42);
+});
