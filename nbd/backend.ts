@@ -29,7 +29,11 @@ export interface BlockBackend {
   /** Size in bytes; a multiple of 512. */
   readonly size: number;
   readonly readOnly: boolean;
-  read(offset: number, length: number): Promise<Buffer>;
+  /**
+   * Read `length` bytes. When `into` is given (exactly `length` bytes, contents undefined),
+   * fill it and resolve to it; every byte must be written, holes included.
+   */
+  read(offset: number, length: number, into?: Buffer): Promise<Buffer>;
   /** `data` is owned by the backend after the call (the session never reuses it). */
   write(offset: number, data: Buffer, fua: boolean): Promise<void>;
   flush(): Promise<void>;

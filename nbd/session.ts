@@ -24,6 +24,7 @@ import * as codec from './codec.js';
 import * as C from './constants.js';
 import { toNbdErrno, toOptionError } from './errno.js';
 import { ConnectionClosedError, FrameReader } from './reader.js';
+import { acquireBuffer, releaseBuffer } from './buffer-pool.js';
 import { COMMAND_NAMES, alignExtents, transmissionFlags, validateRequest, type ValidationContext } from './validate.js';
 
 export interface SessionOptions {
@@ -52,6 +53,9 @@ export const DEFAULT_SESSION_OPTIONS: Omit<SessionOptions, 'log'> = {
 const HANDSHAKE_FLAGS = C.NBD_FLAG_FIXED_NEWSTYLE | C.NBD_FLAG_NO_ZEROES;
 const BASE_ALLOCATION_ID = 1;
 
+/** Frames of one reply; `release` runs once the socket no longer needs them. */
+interface Reply { frames: Buffer[]; release?: () => void }
+
 /** Thrown inside the session to end it quietly (client aborted, or we must hang up). */
 class EndSession extends Error {}
 
@@ -65,6 +69,7 @@ export class NbdSession {
   private slotWaiter: (() => void) | null = null;
   private drainWaiter: (() => void) | null = null;
   private shuttingDown = false;
+  private corked = false;
   private closed = false;
 
   constructor(private readonly sock: Duplex, private readonly provider: ExportProvider, private readonly opts: SessionOptions) {
@@ -375,14 +380,18 @@ export class NbdSession {
       return;
     }
     const fua = (req.flags & C.NBD_CMD_FLAG_FUA) !== 0;
-    let p: Promise<Buffer[] | null>;
+    let p: Promise<Reply | null>;
     try {
       p = this.execute(backend, req, v.offset, v.length, fua, payload);
     } catch (err) {
       p = Promise.reject(err);
     }
     p.then(
-      (bufs) => this.reply(bufs ?? [this.okReply(req)], done),
+      (r) => {
+        if (!r) this.reply([this.okReply(req)], done);
+        else if (r.release) { const release = r.release; this.reply(r.frames, () => { release(); done(); }); }
+        else this.reply(r.frames, done);
+      },
       (err: unknown) => {
         const errno = toNbdErrno(err);
         this.opts.log.warn({ cmd: COMMAND_NAMES[req.type], offset: v.offset, length: v.length, errno, err: errorMessage(err) }, 'request failed');
@@ -392,11 +401,11 @@ export class NbdSession {
   }
 
   /** Resolves to the reply frames, or null for a plain success reply. */
-  private execute(backend: BlockBackend, req: codec.Request, offset: number, length: number, fua: boolean, payload: Buffer | undefined): Promise<Buffer[] | null> {
+  private execute(backend: BlockBackend, req: codec.Request, offset: number, length: number, fua: boolean, payload: Buffer | undefined): Promise<Reply | null> {
     switch (req.type) {
       case C.NBD_CMD_READ:
-        if (length === 0) return Promise.resolve(this.readReply(req, Buffer.alloc(0)));
-        return backend.read(offset, length).then((data) => this.readReply(req, data));
+        if (length === 0) return Promise.resolve({ frames: this.readReply(req, Buffer.alloc(0)) });
+        return this.pooledRead(backend, offset, length, req);
       case C.NBD_CMD_WRITE:
         if (length === 0) return fua ? backend.flush().then(() => null) : Promise.resolve(null);
         return backend.write(offset, payload!, fua).then(() => null);
@@ -416,10 +425,24 @@ export class NbdSession {
         if (length === 0) return Promise.resolve(null);
         return backend.cache(offset, length).then(() => null);
       case C.NBD_CMD_BLOCK_STATUS:
-        return backend.blockStatus(offset, length).then((extents) => this.blockStatusReply(req, backend.size, offset, length, extents));
+        return backend.blockStatus(offset, length).then((extents) => ({ frames: this.blockStatusReply(req, backend.size, offset, length, extents) }));
       default:
         return Promise.reject(new InvalidArgumentError(`unknown command ${req.type}`));
     }
+  }
+
+  /** Reads into a pooled buffer, which goes back to the pool once the socket has sent it. */
+  private async pooledRead(backend: BlockBackend, offset: number, length: number, req: codec.Request): Promise<Reply> {
+    const buf = acquireBuffer(length);
+    let data: Buffer;
+    try {
+      data = await backend.read(offset, length, buf);
+    } catch (err) {
+      releaseBuffer(buf);
+      throw err;
+    }
+    if (data !== buf) { releaseBuffer(buf); return { frames: this.readReply(req, data) }; }
+    return { frames: this.readReply(req, data), release: () => releaseBuffer(buf) };
   }
 
   private okReply(req: codec.Request): Buffer {
@@ -456,12 +479,19 @@ export class NbdSession {
     }
   }
 
+  /**
+   * Replies completing in the same turn of the event loop go out in one writev: the socket
+   * stays corked until the microtasks of this turn have run.
+   */
   private reply(bufs: Buffer[], done: () => void): void {
     if (this.closed || this.sock.destroyed) { done(); return; }
-    this.sock.cork();
+    if (!this.corked) {
+      this.corked = true;
+      this.sock.cork();
+      process.nextTick(() => { this.corked = false; this.sock.uncork(); });
+    }
     for (let i = 0; i < bufs.length - 1; i++) this.sock.write(bufs[i]!);
     this.sock.write(bufs[bufs.length - 1]!, () => done());
-    this.sock.uncork();
   }
 }
 

@@ -84,6 +84,14 @@ spawn() {
   echo "$name $pid" >>"$DIR/pids"
 }
 
+# True when process $1 holds the socket listening on 127.0.0.1:$2. Connecting is not enough:
+# a port-picking race can leave another process (another test's radosgw) answering there.
+owns_listen() {
+  local inode
+  inode=$(awk -v p="$(printf '0100007F:%04X' "$2")" '$2 == p && $4 == "0A" { print $10; exit }' /proc/net/tcp 2>/dev/null)
+  [[ -n "$inode" ]] && ls -l "/proc/$1/fd" 2>/dev/null | grep -qF "socket:[$inode]"
+}
+
 alive() { kill -0 "$1" 2>/dev/null && [[ "$(cat "/proc/$1/stat" 2>/dev/null | awk '{print $3}')" != Z ]]; }
 
 write_conf() {
@@ -142,6 +150,7 @@ start_mon() {
       MON_PORT=$(pick_port)
       while [[ "$RGW_PORT" == "$MON_PORT" ]]; do MON_PORT=$(pick_port); done
       write_conf
+      mv -f "$DIR/log/mon.a.log" "$DIR/log/mon.a.log.try$((try - 1))" 2>/dev/null || true
     fi
     rm -rf "$DIR/mon" "$DIR/monmap"
     mkdir -p "$DIR/mon"
@@ -151,14 +160,16 @@ start_mon() {
       || fail "ceph-mon --mkfs failed" "$DIR/log/setup.out" "$DIR/log/mon.a.log"
     spawn mon "$DIR/log/mon.out" ceph-mon -c "$CONF" -i a -f
     MON_PID=${PIDS_STARTED[-1]}
-    # The mon is up once it accepts connections on its port.
-    while ! (exec 3<>"/dev/tcp/127.0.0.1/$MON_PORT") 2>/dev/null; do
-      if ! alive "$MON_PID"; then
-        if grep -q "Address already in use\|unable to bind" "$DIR/log/mon.a.log" "$DIR/log/mon.out" 2>/dev/null; then
-          continue 2
-        fi
-        fail "ceph-mon exited" "$DIR/log/mon.out" "$DIR/log/mon.a.log"
+    # The mon is up once it listens on its port; if another process got the port first, the
+    # mon logs the bind failure (and would retry for 10 s): kill it and try another port.
+    until owns_listen "$MON_PID" "$MON_PORT"; do
+      if grep -q "unable to bind" "$DIR/log/mon.a.log" 2>/dev/null; then
+        kill -9 "$MON_PID" 2>/dev/null || true
+        wait "$MON_PID" 2>/dev/null || true
+        echo "rgw.sh: mon port $MON_PORT was taken, retrying with another" >&2
+        continue 2
       fi
+      alive "$MON_PID" || fail "ceph-mon exited" "$DIR/log/mon.out" "$DIR/log/mon.a.log"
       check_deadline "ceph-mon listening on 127.0.0.1:$MON_PORT" "$DIR/log/mon.out" "$DIR/log/mon.a.log"
       sleep 0.02
     done
@@ -225,10 +236,15 @@ cmd_start() {
     spawn rgw "$DIR/log/rgw.out" radosgw -c "$CONF" -n client.rgw.a -f
     rgw_pid=${PIDS_STARTED[-1]}
     while true; do
-      code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 2 "http://127.0.0.1:$RGW_PORT/" 2>/dev/null) || true
-      [[ "$code" == 200 ]] && break 2
+      if owns_listen "$rgw_pid" "$RGW_PORT"; then
+        code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 2 "http://127.0.0.1:$RGW_PORT/" 2>/dev/null) || true
+        [[ "$code" == 200 ]] && break 2
+      fi
       if ! alive "$rgw_pid"; then
-        if grep -q "Address already in use\|failed to bind" "$DIR/log/client.rgw.a.log" "$DIR/log/rgw.out" 2>/dev/null; then
+        # radosgw exits (status 98) when its port is taken.
+        if grep -q "failed to bind address" "$DIR/log/client.rgw.a.log" 2>/dev/null; then
+          mv -f "$DIR/log/client.rgw.a.log" "$DIR/log/client.rgw.a.log.try$try"
+          echo "rgw.sh: radosgw port $RGW_PORT was taken, retrying with another" >&2
           RGW_PORT=$(pick_port)
           sed -i "s|^rgw_frontends = .*|rgw_frontends = beast endpoint=127.0.0.1:$RGW_PORT tcp_nodelay=1|" "$CONF"
           continue 2

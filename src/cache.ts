@@ -37,31 +37,33 @@ class MemorySlab implements Slab {
   async close(): Promise<void> { this.slots.clear(); }
 }
 
+/**
+ * Blocks in one local file. I/O is synchronous on purpose: the blocks were written moments
+ * ago or are hot, so they are in the page cache, and a pread from the page cache costs a
+ * few microseconds while a trip through libuv's thread pool costs tens.
+ */
 class FileSlab implements Slab {
-  private constructor(private readonly fh: fsp.FileHandle) {}
+  private constructor(private readonly fd: number) {}
   static async open(dir: string): Promise<FileSlab> {
     await fsp.mkdir(dir, { recursive: true });
     const p = path.join(dir, `blocks-${process.pid}-${randomBytes(4).toString('hex')}.bin`);
-    const fh = await fsp.open(p, 'w+');
+    const fd = fs.openSync(p, 'w+');
     fs.unlinkSync(p); // anonymous from now on: freed when the process ends, however it ends
-    return new FileSlab(fh);
+    return new FileSlab(fd);
   }
   async read(slot: number, out: Buffer, outOff: number, from: number, length: number): Promise<void> {
     let done = 0;
     while (done < length) {
-      const { bytesRead } = await this.fh.read(out, outOff + done, length - done, slot * CACHE_BLOCK + from + done);
-      if (bytesRead === 0) throw new Error('cache file shorter than its index says');
-      done += bytesRead;
+      const n = fs.readSync(this.fd, out, outOff + done, length - done, slot * CACHE_BLOCK + from + done);
+      if (n === 0) throw new Error('cache file shorter than its index says');
+      done += n;
     }
   }
   async write(slot: number, data: Buffer): Promise<void> {
     let done = 0;
-    while (done < data.length) {
-      const { bytesWritten } = await this.fh.write(data, done, data.length - done, slot * CACHE_BLOCK + done);
-      done += bytesWritten;
-    }
+    while (done < data.length) done += fs.writeSync(this.fd, data, done, data.length - done, slot * CACHE_BLOCK + done);
   }
-  async close(): Promise<void> { await this.fh.close(); }
+  async close(): Promise<void> { fs.closeSync(this.fd); }
 }
 
 interface Entry { slot: number; length: number; ready: Promise<void>; readers: number }

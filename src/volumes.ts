@@ -205,7 +205,7 @@ function readOnlyView(b: BlockBackend): BlockBackend {
   return {
     size: b.size,
     readOnly: true,
-    read: (o, l) => b.read(o, l),
+    read: (o, l, into) => b.read(o, l, into),
     write: () => Promise.reject(new InvalidArgumentError('read-only')),
     flush: async () => {},
     trim: () => Promise.reject(new InvalidArgumentError('read-only')),

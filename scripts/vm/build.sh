@@ -292,7 +292,7 @@ write_files() {
   for n in 1 2; do
     dd if=/dev/urandom of=/mnt/big$n bs=1M count=16 conv=fsync 2>/dev/null || return 1
   done
-  # 200 small files (1 B .. ~24 KiB) written by shell builtins: a fork per file costs ~8 ms
+  # 200 small files (10 B .. 16 KiB) written by shell builtins: a fork per file costs ~8 ms
   # under TCG. Those in small/0 are fsynced one by one (50 jbd2 commits: FLUSH + FUA writes
   # interleaved with data); the rest reach the disk through the "sync" step.
   blob=$(head -c 12288 /dev/urandom | base64 -w 0) || return 1
@@ -305,7 +305,7 @@ write_files() {
   done
   sync /mnt/small/0/* || return 1
   # Freed blocks for fstrim to find.
-  dd if=/dev/urandom of=/mnt/scratch bs=1M count=4 conv=fsync 2>/dev/null && rm /mnt/scratch
+  dd if=/dev/urandom of=/mnt/scratch bs=1M count=1 conv=fsync 2>/dev/null && rm /mnt/scratch
 }
 checksum() {
   (cd /mnt && find . -type f ! -path './lost+found/*' | sort | xargs sha256sum) >/run/sums || return 1

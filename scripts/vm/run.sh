@@ -4,11 +4,14 @@
 #
 #   run.sh --socket PATH --export NAME --conns N --mode netlink|ioctl --scenario ext4|readonly
 #          --out RESULTFILE [--timeout SECS] [--nbd-timeout SECS] [--console FILE] [--vm-dir DIR]
+#          [--no-build]
 #
 # Owns: the qemu process (never outlives this script: wall-clock timeout, and killed on
 # TERM/INT/EXIT), RESULTFILE (the guest's step lines, see build.sh) and the console log
 # (default RESULTFILE.console). The VM image comes from build.sh in --vm-dir (default
-# $BATON_VM_CACHE or /var/cache/baton-vm); build.sh returns at once when it is up to date.
+# $BATON_VM_CACHE or /var/cache/baton-vm); build.sh returns quickly when it is up to date
+# (~1.5 s: one apt-cache lookup), and --no-build skips even that (the caller already built).
+# Debug knobs: BATON_VM_APPEND (extra kernel arguments), BATON_VM_CPU, BATON_VM_SMP.
 #
 # Exit status: 0 only if RESULTFILE ends with "done" and has no "fail" line; 1 scenario failed;
 # 2 usage; 3 VM image unavailable; 124 wall-clock timeout (qemu killed).
@@ -19,7 +22,7 @@
 set -euo pipefail
 
 usage() { sed -n '4,5p' "$0" | sed 's/^# *//' >&2; exit 2; }
-SOCKET="" EXPORT="" CONNS=1 MODE=netlink SCENARIO=ext4 OUT="" TIMEOUT=120 NBD_TIMEOUT=30 CONSOLE=""
+SOCKET="" EXPORT="" CONNS=1 MODE=netlink SCENARIO=ext4 OUT="" TIMEOUT=120 NBD_TIMEOUT=30 CONSOLE="" BUILD=1
 VMDIR=${BATON_VM_CACHE:-/var/cache/baton-vm}
 while [ $# -gt 0 ]; do
   case $1 in
@@ -33,6 +36,7 @@ while [ $# -gt 0 ]; do
     --nbd-timeout) NBD_TIMEOUT=$2 ;;
     --console) CONSOLE=$2 ;;
     --vm-dir) VMDIR=$2 ;;
+    --no-build) BUILD=0; shift; continue ;;
     -h|--help) usage ;;
     *) echo "run.sh: unknown argument $1" >&2; usage ;;
   esac
@@ -49,7 +53,10 @@ done
 CONSOLE=${CONSOLE:-$OUT.console}
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-bash "$HERE/build.sh" "$VMDIR" >&2 || { echo "run.sh: VM image unavailable" >&2; exit 3; }
+if [ "$BUILD" = 1 ]; then
+  bash "$HERE/build.sh" "$VMDIR" >&2 || { echo "run.sh: VM image unavailable" >&2; exit 3; }
+fi
+[ -s "$VMDIR/vmlinux" ] && [ -s "$VMDIR/initrd.cpio" ] || { echo "run.sh: no VM image in $VMDIR (run build.sh)" >&2; exit 3; }
 command -v qemu-system-x86_64 >/dev/null || { echo "run.sh: qemu-system-x86_64 missing" >&2; exit 3; }
 
 # qemu's socket chardev takes the path verbatim; commas would split its option string.
@@ -65,7 +72,11 @@ args=(
   -accel tcg,thread=multi -cpu "${BATON_VM_CPU:-max}" -smp "${BATON_VM_SMP:-1}" -m 512M
   # PVH boot of the uncompressed ELF + uncompressed cpio: no decompression under TCG.
   -kernel "$VMDIR/vmlinux" -initrd "$VMDIR/initrd.cpio"
-  -append "console=ttyS0 quiet panic=-1 rdinit=/init baton.scenario=$SCENARIO baton.conns=$CONNS baton.netlink=$([ "$MODE" = netlink ] && echo 1 || echo 0) baton.export=$EXPORT baton.timeout=$NBD_TIMEOUT ${BATON_VM_APPEND:-}"
+  # Boot-time trims, each worth a little under TCG (found with initcall_debug): no crypto
+  # self-tests (the KDF one ignores cryptomgr.notests: ~0.5 s), no kprobe-event setup, no
+  # speculation mitigations (the guest runs only our tools), no TSC recalibration/watchdog,
+  # expedited RCU, no PS/2 or extra UART probing.
+  -append "console=ttyS0 quiet panic=-1 rdinit=/init cryptomgr.notests initcall_blacklist=crypto_kdf108_init,init_kprobe_trace mitigations=off tsc=reliable no_timer_check rcupdate.rcu_expedited=1 i8042.noaux i8042.nokbd i8042.nopnp 8250.nr_uarts=1 baton.scenario=$SCENARIO baton.conns=$CONNS baton.netlink=$([ "$MODE" = netlink ] && echo 1 || echo 0) baton.export=$EXPORT baton.timeout=$NBD_TIMEOUT ${BATON_VM_APPEND:-}"
   -serial "file:$CONSOLE"
   -device virtio-serial-pci,id=vs0,max_ports=$((CONNS + 2))
   # Results on their own port: kernel messages reach the console even with "quiet".

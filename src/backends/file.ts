@@ -28,16 +28,17 @@ export class FileBackend implements BlockBackend {
     throw new IoError(`${op} on ${this.path} failed: ${(err as Error).message}`, { cause: err });
   }
 
-  async read(offset: number, length: number): Promise<Buffer> {
-    const out = Buffer.alloc(length);
+  async read(offset: number, length: number, into?: Buffer): Promise<Buffer> {
+    const out = into ?? Buffer.allocUnsafe(length);
     let done = 0;
     try {
       while (done < length) {
         const { bytesRead } = await this.fh.read(out, done, length - done, offset + done);
-        if (bytesRead === 0) break; // past EOF of a short file reads as zeroes
+        if (bytesRead === 0) break;
         done += bytesRead;
       }
     } catch (err) { this.wrap('read', err); }
+    if (done < length) out.fill(0, done); // past EOF of a short file reads as zeroes
     return out;
   }
 

@@ -18,12 +18,12 @@ export class MemoryBackend implements BlockBackend {
   /** Bytes of memory held by written pages. */
   get allocatedBytes(): number { return this.pages.size * PAGE; }
 
-  async read(offset: number, length: number): Promise<Buffer> {
-    return this.readSync(offset, length);
+  async read(offset: number, length: number, into?: Buffer): Promise<Buffer> {
+    return this.readSync(offset, length, into);
   }
 
-  readSync(offset: number, length: number): Buffer {
-    const out = Buffer.alloc(length);
+  readSync(offset: number, length: number, into?: Buffer): Buffer {
+    const out = into ?? Buffer.allocUnsafe(length); // every byte is written below: copied or zero-filled
     let pos = offset;
     const end = offset + length;
     while (pos < end) {
@@ -32,6 +32,7 @@ export class MemoryBackend implements BlockBackend {
       const n = Math.min(PAGE - inPage, end - pos);
       const page = this.pages.get(idx);
       if (page) page.copy(out, pos - offset, inPage, inPage + n);
+      else out.fill(0, pos - offset, pos - offset + n);
       pos += n;
     }
     return out;

@@ -249,6 +249,7 @@ export class Volume implements BlockBackend {
 
   /** Resolve [offset, offset+length) to the newest source of each piece. Synchronous: a consistent snapshot. */
   private resolve(offset: number, length: number, visit: (p: Piece<Dirty | Loc>) => void): void {
+    // Every byte of the range is visited exactly once (gaps too), newest source first.
     const layers: ExtentMap<Dirty>[] = [this.dirty];
     for (let i = this.sealed.length - 1; i >= 0; i--) layers.push(this.sealed[i]!.map);
     const walk = (layer: number, off: number, len: number): void => {
@@ -264,13 +265,13 @@ export class Volume implements BlockBackend {
     walk(0, offset, length);
   }
 
-  async read(offset: number, length: number): Promise<Buffer> {
-    const out = Buffer.alloc(length);
+  async read(offset: number, length: number, into?: Buffer): Promise<Buffer> {
+    const out = into ?? Buffer.allocUnsafe(length);
     const fetches: { key: string; off: number; len: number; outOff: number }[] = [];
     this.resolve(offset, length, (p) => {
       const v = p.value;
-      if (v === undefined || isZero(v)) return;
-      if ('buf' in v) v.buf.copy(out, p.offset - offset, 0, p.length);
+      if (v === undefined || isZero(v)) out.fill(0, p.offset - offset, p.offset - offset + p.length);
+      else if ('buf' in v) v.buf.copy(out, p.offset - offset, 0, p.length);
       else fetches.push({ key: v.key, off: v.off, len: p.length, outOff: p.offset - offset });
     });
     if (fetches.length > 0) {
@@ -539,8 +540,14 @@ export class Volume implements BlockBackend {
 
   get isFenced(): boolean { return this.fencedError !== null; }
 
+  /**
+   * A checkpoint costs time proportional to the map; replaying costs time proportional to
+   * the records since the last one. Checkpoint when the replay would cost about as much:
+   * at least every `checkpointEvery` records, and for a big map only every size/256.
+   */
   private maybeCheckpoint(): void {
-    if (this.checkpointing || this.nextSeq - 1 - this.lastCheckpointSeq < this.checkpointEvery) return;
+    const since = this.nextSeq - 1 - this.lastCheckpointSeq;
+    if (this.checkpointing || since < Math.max(this.checkpointEvery, Math.floor(this.committed.size / 256))) return;
     const seq = this.nextSeq - 1;
     // Serialize now (a consistent snapshot at `seq`), upload in the background.
     const objects = new Map<string, number>();

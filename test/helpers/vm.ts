@@ -170,6 +170,7 @@ export async function runVmScenario(opts: VmScenarioOptions): Promise<VmResult> 
       '--timeout', String(opts.timeoutSecs ?? 120),
       '--nbd-timeout', String(opts.nbdTimeoutSecs ?? 30),
       '--vm-dir', vmDir,
+      '--no-build', // buildVm() above has just checked the stamp
     ];
     const r = await runScript(args, process.env);
     const read = (f: string): string => (fs.existsSync(f) ? fs.readFileSync(f, 'utf8') : '');

@@ -22,7 +22,10 @@ import { buildVm, missingVmTools, runVmScenario, VmUnavailableError, type VmMode
 
 type ServerKind = 'baton' | 'nbdkit';
 const SERVER: ServerKind = process.env['BATON_VM_SERVER'] === 'nbdkit' ? 'nbdkit' : 'baton';
-const SIZE = 1024 * 1024 * 1024;
+// 512 MiB, not 1 GiB: mkfs then writes a 16 MiB journal instead of 32 MiB, about 1.5 s less
+// per run through a virtio-serial port (~12 MB/s under TCG here); the mkfs TRIM of the whole
+// device (512 MiB) is still far beyond any write-payload limit.
+const SIZE = 512 * 1024 * 1024;
 const EXPORT = 'vm';
 
 const EXT4_STEPS = ['boot', 'attach', 'mkfs', 'mount', 'write', 'sync', 'fstrim', 'checksum', 'umount', 'fsck', 'mount-ro', 'verify', 'umount-ro', 'detach'];

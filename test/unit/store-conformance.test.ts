@@ -323,6 +323,12 @@ test('local-dir: data survives a new instance; layout and header as documented',
   t.deepEqual(await readdir(join(dir, 'vol', 'x')), ['1@']);
   t.is(b.description, `file:${dir}`);
   t.is(LOCAL_HEADER_SIZE, 4096);
+  // A root that does not exist yet is created (with its missing parents) on the first put.
+  const nested = new LocalDirObjectStore(join(dir, 'new', 'deeper', 'store'));
+  t.deepEqual(await listAll(nested, ''), []);
+  await t.throwsAsync(nested.get('k'), { instanceOf: NotFoundError });
+  await nested.put('k', Buffer.from('v'));
+  t.is((await nested.get('k')).toString(), 'v');
 });
 
 test('local-dir: leftover temp files are invisible; emptied directories are removed', async (t) => {
