@@ -5,6 +5,15 @@
  * --json) to stdout. Exit codes: 0 success, 1 failure, 2 usage error.
  */
 
+// The AWS SDK warns on every start that its 2027 releases will need Node 22; the lockfile
+// pins a release that supports Node 20, so the warning tells the user nothing actionable.
+const emitWarning = process.emitWarning.bind(process);
+process.emitWarning = ((warning: string | Error, ...rest: unknown[]) => {
+  const name = typeof warning === 'string' ? (typeof rest[0] === 'string' ? rest[0] : (rest[0] as { type?: string } | undefined)?.type) : warning.name;
+  if (name === 'NodeVersionSupportWarning') return;
+  (emitWarning as (...a: unknown[]) => void)(warning, ...rest);
+}) as typeof process.emitWarning;
+
 import { Command, InvalidArgumentError as CommanderInvalidArgument, Option } from 'commander';
 import { NbdServer, type ListenAddress } from '../nbd/server.js';
 import { defaultCacheDir, openCatalog, type CatalogOptions } from '../src/catalog.js';
@@ -56,8 +65,10 @@ const program = new Command()
   .name('baton')
   .description('Workspaces for agents as NBD block devices: create volumes, serve them, attach them anywhere.')
   .version('0.1.0')
-  .showHelpAfterError()
+  .showHelpAfterError('(add --help for usage and examples)')
   .configureHelp({ sortSubcommands: true })
+  // Set before the subcommands are added, so they inherit it: usage errors exit 2.
+  .exitOverride((err) => { process.exit(err.exitCode === 0 ? 0 : 2); })
   .addHelpText('after', `
 Examples:
   $ baton create work --size 10G          # a 10 GiB volume in the default store
@@ -171,11 +182,6 @@ async function probeBeforeServing(catalog: unknown, readOnly: boolean, log: Logg
   await probeStore(catalog.store);
   log.info({ store: catalog.description, ms: Date.now() - t0 }, 'store honours create-only puts');
 }
-
-program.exitOverride((err) => {
-  // Usage errors exit 2; --help and --version exit 0.
-  process.exit(err.exitCode === 0 ? 0 : 2);
-});
 
 try {
   await program.parseAsync();

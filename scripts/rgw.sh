@@ -205,9 +205,9 @@ cmd_start() {
   while [[ "$RGW_PORT" == "$MON_PORT" ]]; do RGW_PORT=$(pick_port); done
   write_conf
 
-  # The OSD's mkfs needs no mon (only fsid and osd_data, which a mon port retry does not
-  # change), so it runs while the mon starts; `osd new` below needs the mon.
-  ceph-osd -c "$CONF" -i 0 --mkfs --osd-uuid "$osd_uuid" >>"$DIR/log/osd-mkfs.out" 2>&1 &
+  # The OSD's mkfs needs no mon (--no-mon-config: only fsid and osd_data, which a mon port
+  # retry does not change), so it runs while the mon starts; `osd new` below needs the mon.
+  ceph-osd -c "$CONF" -i 0 --mkfs --osd-uuid "$osd_uuid" --no-mon-config >>"$DIR/log/osd-mkfs.out" 2>&1 &
   local mkfs_pid=$!
   start_mon
   trace "mon listening"
@@ -231,8 +231,22 @@ cmd_start() {
   done
 
   trace "osd up"
+  # The user is created before radosgw starts: radosgw-admin notifies every radosgw watching
+  # the cluster, and a radosgw that died (port race, below) holds its watch for 30 s.
+  local ak sk
+  ak="BATON$(od -An -N8 -tx1 /dev/urandom | tr -d ' \n' | tr 'a-f' 'A-F')"
+  sk="$(od -An -N20 -tx1 /dev/urandom | tr -d ' \n')"
+  radosgw-admin -c "$CONF" -n client.admin user create --uid=test --display-name=test \
+    --access-key="$ak" --secret-key="$sk" >>"$DIR/log/setup.out" 2>&1 \
+    || fail "radosgw-admin user create failed" "$DIR/log/setup.out" "$DIR/log/client.admin.log"
+
+  trace "user created"
   local try rgw_pid="" code
   for try in 1 2 3; do
+    # Picked right before use: the window in which another process can take it is short.
+    RGW_PORT=$(pick_port)
+    while [[ "$RGW_PORT" == "$MON_PORT" ]]; do RGW_PORT=$(pick_port); done
+    sed -i "s|^rgw_frontends = .*|rgw_frontends = beast endpoint=127.0.0.1:$RGW_PORT tcp_nodelay=1|" "$CONF"
     spawn rgw "$DIR/log/rgw.out" radosgw -c "$CONF" -n client.rgw.a -f
     rgw_pid=${PIDS_STARTED[-1]}
     while true; do
@@ -245,8 +259,6 @@ cmd_start() {
         if grep -q "failed to bind address" "$DIR/log/client.rgw.a.log" 2>/dev/null; then
           mv -f "$DIR/log/client.rgw.a.log" "$DIR/log/client.rgw.a.log.try$try"
           echo "rgw.sh: radosgw port $RGW_PORT was taken, retrying with another" >&2
-          RGW_PORT=$(pick_port)
-          sed -i "s|^rgw_frontends = .*|rgw_frontends = beast endpoint=127.0.0.1:$RGW_PORT tcp_nodelay=1|" "$CONF"
           continue 2
         fi
         fail "radosgw exited" "$DIR/log/rgw.out" "$DIR/log/client.rgw.a.log"
@@ -258,14 +270,6 @@ cmd_start() {
   [[ "$code" == 200 ]] || fail "radosgw could not bind a port after 3 tries" "$DIR/log/rgw.out" "$DIR/log/client.rgw.a.log"
 
   trace "rgw answering"
-  local ak sk
-  ak="BATON$(od -An -N8 -tx1 /dev/urandom | tr -d ' \n' | tr 'a-f' 'A-F')"
-  sk="$(od -An -N20 -tx1 /dev/urandom | tr -d ' \n')"
-  radosgw-admin -c "$CONF" -n client.admin user create --uid=test --display-name=test \
-    --access-key="$ak" --secret-key="$sk" >>"$DIR/log/setup.out" 2>&1 \
-    || fail "radosgw-admin user create failed" "$DIR/log/setup.out" "$DIR/log/client.admin.log"
-
-  trace "user created"
   # The user is visible to radosgw once a signed ListBuckets succeeds.
   until curl -sf -o /dev/null --max-time 2 --aws-sigv4 "aws:amz:us-east-1:s3" --user "$ak:$sk" \
       -H 'x-amz-content-sha256: UNSIGNED-PAYLOAD' "http://127.0.0.1:$RGW_PORT/"; do
@@ -304,7 +308,7 @@ cmd_stop() {
       [[ "$pid" =~ ^[0-9]+$ ]] || continue
       [[ "$pid" == "$$" ]] && continue
       # Only a process whose command line names DIR is ours; a recycled pid is left alone.
-      if tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "$DIR"; then
+      if tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline" | grep -qF -- "$DIR"; then
         kill -9 "$pid" 2>/dev/null || true
         victims+=("$pid")
       fi

@@ -58,8 +58,18 @@ if [ -z "$KDEB" ]; then
   if command -v apt-cache >/dev/null; then
     # One apt-cache call (each costs ~1.3 s here): the metapackage pins its dependency,
     # "Depends: linux-image-6.1.0-57-amd64 (= 6.1.192-3)".
-    read -r KPKG KVERSION < <(apt-cache show --no-all-versions linux-image-amd64 2>/dev/null |
-      sed -n 's/^Depends:.*\(linux-image-[0-9][^ ,]*-amd64\) (= \([^)]*\)).*/\1 \2/p' | head -n 1) || true
+    resolve() {
+      read -r KPKG KVERSION < <(apt-cache show --no-all-versions linux-image-amd64 2>/dev/null |
+        sed -n 's/^Depends:.*\(linux-image-[0-9][^ ,]*-amd64\) (= \([^)]*\)).*/\1 \2/p' | head -n 1) || true
+    }
+    resolve
+    # A fresh machine may have no apt lists yet: as root, fetch them once (download only;
+    # nothing is installed) unless a kernel package is already cached.
+    if [ -z "$KPKG" ] && [ "$(id -u)" = 0 ] && ! ls "$OUTDIR"/deb/linux-image-*-amd64_*.deb >/dev/null 2>&1; then
+      log "no apt lists for linux-image-amd64: apt-get update"
+      apt-get update -qq >&2 || true
+      resolve
+    fi
   fi
   if [ -z "$KPKG" ]; then
     # Offline or no apt lists: fall back to the newest package already downloaded.
@@ -346,29 +356,7 @@ scenario_readonly() {
   do_detach || return 1
 }
 
-scenario_profile() {
-  dmesg | grep -E 'Run /init|Freeing unused|Trying to unpack|Calibrating|clocksource' | sed 's/^/[dmesg] /'
-  step urandom16 dd if=/dev/urandom of=/tmp/r bs=1M count=16
-  step sha16 sha256sum /tmp/r
-  step md5 md5sum /tmp/r
-  rm /tmp/r
-  do_attach || return 1
-  step rawread32 dd if=/dev/nbd0 of=/dev/null bs=1M count=32
-  blockdev --setra 8192 /dev/nbd0
-  step rawread32-ra dd if=/dev/nbd0 of=/dev/null bs=1M count=32 skip=64
-  step rawread32-direct dd if=/dev/nbd0 of=/dev/null bs=1M count=32 skip=128 iflag=direct
-  step rawwrite32 dd if=/dev/zero of=/dev/nbd0 bs=1M count=32 seek=256 conv=fsync
-  step mkfs /opt/bin/mke2fs -t ext4 -F -q /dev/nbd0 || return 1
-  step mkfs-nodiscard /opt/bin/mke2fs -t ext4 -F -q -E nodiscard /dev/nbd0 || return 1
-  step mount mount -t ext4 /dev/nbd0 /mnt || return 1
-  step small50 sh -c 'for f in $(seq 50); do dd if=/dev/urandom of=/mnt/f$f bs=5000 count=1 conv=fsync 2>/dev/null; done'
-  step small50-nofsync sh -c 'for f in $(seq 50); do dd if=/dev/urandom of=/mnt/g$f bs=5000 count=1 2>/dev/null; done'
-  step small50-head sh -c 'for f in $(seq 50); do head -c 5000 /dev/urandom > /mnt/h$f; done; sync'
-  step umount umount /mnt
-  do_detach
-}
 case $SCENARIO in
-  profile) scenario_profile ;;
   ext4) scenario_ext4 ;;
   readonly) scenario_readonly ;;
   *) report "fail scenario unknown scenario '$SCENARIO'" ;;

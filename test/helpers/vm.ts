@@ -27,7 +27,11 @@ export interface VmScenarioOptions {
   conns: number;
   mode: VmMode;
   scenario: VmScenario;
-  /** Wall-clock limit for the whole VM run, seconds (run.sh kills qemu). Default 120. */
+  /**
+   * Wall-clock limit for the whole VM run, seconds (run.sh kills qemu). Default 240: a run
+   * takes ~20 s alone but over 100 s was seen on a 2-core host with a load of 10 (ava runs
+   * two test files at once); a hang still ends.
+   */
   timeoutSecs?: number;
   /** nbd-client -t inside the guest, seconds. Default 30. */
   nbdTimeoutSecs?: number;
@@ -167,7 +171,7 @@ export async function runVmScenario(opts: VmScenarioOptions): Promise<VmResult> 
       '--scenario', opts.scenario,
       '--out', out,
       '--console', consoleFile,
-      '--timeout', String(opts.timeoutSecs ?? 120),
+      '--timeout', String(opts.timeoutSecs ?? 240),
       '--nbd-timeout', String(opts.nbdTimeoutSecs ?? 30),
       '--vm-dir', vmDir,
       '--no-build', // buildVm() above has just checked the stamp

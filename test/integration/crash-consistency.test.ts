@@ -1,0 +1,355 @@
+/**
+ * Crash consistency: SIGKILL a `baton serve` at random moments under a writer that flushes,
+ * then open the volume from a NEW server process with an EMPTY cache dir (another host) and
+ * check every block (notes/nbd-protocol.md §3):
+ *
+ *   - what a FLUSH (or FUA write) acknowledged is there: never an older generation;
+ *   - everything else reads as one of the generations written after it, never garbage.
+ *
+ * Each round: server S_i (fresh cache dir) opens the volume and is first the "B" of the
+ * previous round (it recovers the volume and every block is verified through it), then the
+ * "A" of this one (the writer runs against it and it is killed). So every round also checks
+ * that a host can take over a crashed volume and keep writing it, and the log grows across
+ * rounds (replay, checkpoints). The last crash is verified by one more fresh server.
+ *
+ * Kill points, chosen per round by a seeded RNG (the seed is printed; rerun one with
+ * BATON_CRASH_SEED=N): a random delay; while the n-th FLUSH is in flight (sync, next tick,
+ * or a few ms in); right after the n-th FLUSH acknowledgement; in the middle of the writes
+ * after it. Variants: file: store; Ceph RGW (skipped without radosgw); BATON_FAULTS at ~10%
+ * with latency (flushes succeed or fail with EIO; neither may lie); and a check that an EIO
+ * flush keeps the data for a later flush.
+ *
+ * Scale: BATON_CRASH_SCALE=N multiplies rounds and time budgets (default 1: ~1 min per file
+ * on 2 cores with the variants running concurrently).
+ */
+
+import test, { type ExecutionContext } from 'ava';
+import { randomBytes } from 'node:crypto';
+import * as path from 'node:path';
+import { hasS3, makeTestBucket, s3TestEnv } from '../helpers/s3.js';
+import { baton, startBatonServer, tempDir, type BatonServer } from '../helpers/server.js';
+import {
+  BLOCK, BlockModel, describeProblems, randInt, rngFrom, runWriter, verifyVolume,
+  type VerifyResult, type WriterEvent, type WriterOptions, type WriterStats,
+} from '../helpers/writer.js';
+
+const SEED = process.env.BATON_CRASH_SEED !== undefined ? Number(process.env.BATON_CRASH_SEED) >>> 0 : randomBytes(4).readUInt32BE(0);
+const SCALE = Math.max(0.1, Number(process.env.BATON_CRASH_SCALE ?? 1));
+console.log(`crash-consistency: seed ${SEED} (rerun with BATON_CRASH_SEED=${SEED})`);
+
+const VOLUME = 'crash';
+const VOLUME_SIZE = 32 * 1024 * 1024;
+const BLOCKS = VOLUME_SIZE / BLOCK;
+
+const FAULTS_10 = { latencyMs: 20, errorRate: 0.1, lostReplyRate: 0.05, timeoutRate: 0.02, timeoutMs: 200 };
+
+interface Target {
+  label: string;
+  store: string;
+  /** Passed to every baton process (credentials). */
+  env: Record<string, string>;
+  /** Store flags for `baton create` and `baton serve` (--endpoint). */
+  storeArgs: string[];
+}
+
+function createVolume(target: Target): void {
+  const r = baton(['create', VOLUME, '--size', String(VOLUME_SIZE), '--store', target.store, ...target.storeArgs], target.env);
+  if (r.status !== 0) throw new Error(`baton create failed: ${r.stderr}`);
+}
+
+/** A server on the target with a fresh, empty cache dir (a new host). Retries a start the injected faults broke. */
+async function startHost(t: ExecutionContext, target: Target, faults?: object): Promise<BatonServer> {
+  const env = { ...target.env, ...(faults ? { BATON_FAULTS: JSON.stringify(faults) } : {}) };
+  for (let attempt = 1; ; attempt++) {
+    const cache = path.join(tempDir(t, 'baton-cache-'), 'cache');
+    try {
+      return await startBatonServer(t, { store: target.store, extraArgs: [...target.storeArgs, '--cache-dir', cache], env, logLevel: 'info' });
+    } catch (err) {
+      // The store probe at startup goes through the faults too; a real failure repeats.
+      if (!faults || attempt >= 4) throw err;
+      t.log(`server start failed under faults (attempt ${attempt}), retrying: ${String(err).split('\n')[0]}`);
+    }
+  }
+}
+
+// ------------------------------------------------------------------ kill plans
+
+type KillPlan =
+  | { kind: 'timer'; ms: number }
+  | { kind: 'flush-in-flight'; n: number; delay: 'sync' | 'tick' | number }
+  | { kind: 'after-flush-ack'; n: number }
+  | { kind: 'mid-writes'; afterAck: number; writes: number };
+
+function planKill(rng: () => number, slow: boolean): KillPlan {
+  const r = rng();
+  if (r < 0.3) return { kind: 'timer', ms: randInt(rng, 5, slow ? 2500 : 1200) };
+  if (r < 0.65) {
+    const d = rng();
+    return { kind: 'flush-in-flight', n: randInt(rng, 1, 6), delay: d < 0.3 ? 'sync' : d < 0.6 ? 'tick' : randInt(rng, 1, slow ? 40 : 6) };
+  }
+  if (r < 0.85) return { kind: 'after-flush-ack', n: randInt(rng, 1, 6) };
+  return { kind: 'mid-writes', afterAck: randInt(rng, 1, 4), writes: randInt(rng, 1, 12) };
+}
+
+function planName(p: KillPlan): string {
+  switch (p.kind) {
+    case 'timer': return `timer ${p.ms} ms`;
+    case 'flush-in-flight': return `flush #${p.n} in flight (+${p.delay}${typeof p.delay === 'number' ? ' ms' : ''})`;
+    case 'after-flush-ack': return `right after flush #${p.n} acked`;
+    case 'mid-writes': return `write ${p.writes} after flush #${p.afterAck} acked`;
+  }
+}
+
+/** What was outstanding at the moment of the kill. */
+type KillPoint = 'flush in flight' | 'writes in flight' | 'idle' | 'fallback';
+
+interface Coverage {
+  rounds: number;
+  plans: Record<string, number>;
+  points: Record<KillPoint, number>;
+  writes: number;
+  flushesOk: number;
+  flushesFailed: number;
+  fuaOk: number;
+  /** Blocks that read back newer than acknowledged (unacknowledged data that survived). */
+  newer: number;
+  /** Rounds in which an acknowledged generation existed for at least one block. */
+  ackedBlocks: number;
+  maxLogRecords: number;
+}
+
+function newCoverage(): Coverage {
+  return { rounds: 0, plans: {}, points: { 'flush in flight': 0, 'writes in flight': 0, idle: 0, fallback: 0 }, writes: 0, flushesOk: 0, flushesFailed: 0, fuaOk: 0, newer: 0, ackedBlocks: 0, maxLogRecords: 0 };
+}
+
+interface RoundsOptions {
+  rounds: number;
+  budgetMs: number;
+  seed: number;
+  /** Latency / faults: longer timers, more patience. */
+  slow: boolean;
+  /** BATON_FAULTS for server i (undefined: none). */
+  faultsFor?: (i: number) => object | undefined;
+  fallbackMs: number;
+}
+
+/**
+ * The crash loop. Returns the coverage; every verification failure is an assertion failure
+ * carrying the seed, the round and the kill plan.
+ */
+async function crashRounds(t: ExecutionContext, target: Target, o: RoundsOptions): Promise<Coverage> {
+  const rng = rngFrom(o.seed);
+  const model = new BlockModel(BLOCKS, (o.seed ^ 0x5a17) >>> 0);
+  const cov = newCoverage();
+  const t0 = Date.now();
+  createVolume(target);
+  let hostNo = 0;
+  let server = await startHost(t, target, o.faultsFor?.(hostNo++));
+
+  const verify = async (round: number, what: string): Promise<VerifyResult | null> => {
+    const v = await verifyVolume(server.socket, VOLUME, model);
+    const ok = v.problemCount === 0;
+    t.true(ok, `[${target.label}] seed ${o.seed}, ${what}: ${describeProblems(v)}`);
+    if (!ok) {
+      t.log(`server stderr (tail):\n${server.stderr().split('\n').slice(-30).join('\n')}`);
+      return null;
+    }
+    let acked = 0;
+    for (const g of model.acked) if (g !== 0) acked++;
+    if (acked > 0) cov.ackedBlocks++;
+    cov.newer += v.newer;
+    if (round >= 0) t.log(`  verified ${v.blocks} blocks in ${v.elapsedMs} ms: ${v.atAcked} at the acknowledged generation, ${v.newer} newer (unacknowledged but landed), ${v.zeroBlocks} zero`);
+    model.rebase(v.observed);
+    return v;
+  };
+
+  for (let round = 0; round < o.rounds; round++) {
+    if (round > 0 && Date.now() - t0 > o.budgetMs) break;
+    // The fresh server must hold exactly what the previous round allows (round 0: zeroes).
+    if (!(await verify(round - 1, round === 0 ? 'fresh volume' : `after crash ${round}`))) return cov;
+
+    const plan = planKill(rng, o.slow);
+    const wopts: Omit<WriterOptions, 'exportName' | 'rng' | 'onEvent'> = {
+      flushEvery: randInt(rng, 1, 24),
+      depth: randInt(rng, 1, 8),
+      maxRunBlocks: randInt(rng, 1, 32),
+      bigWriteRate: rng() < 0.3 ? 0.15 : 0.02,
+      fuaRate: rng() < 0.5 ? 0.05 : 0,
+      zeroRate: 0.03,
+      hotBlocks: rng() < 0.5 ? 256 : 0,
+    };
+    const wrng = rngFrom(randInt(rng, 0, 2 ** 31));
+    const killDelayTick = plan.kind === 'flush-in-flight' ? plan.delay : 'sync';
+
+    let killed: KillPoint | null = null;
+    let writesOut = 0;
+    let flushOut = false;
+    let acks = 0;
+    let writesAfter = 0;
+    const timers: NodeJS.Timeout[] = [];
+    const proc = server.proc;
+    const kill = (fallback = false): void => {
+      if (killed) return;
+      killed = fallback ? 'fallback' : flushOut ? 'flush in flight' : writesOut > 0 ? 'writes in flight' : 'idle';
+      proc.kill('SIGKILL');
+    };
+    const later = (fn: () => void, d: 'sync' | 'tick' | number): void => {
+      if (d === 'sync') fn();
+      else if (d === 'tick') setImmediate(fn);
+      else timers.push(setTimeout(fn, d));
+    };
+    const onEvent = (e: WriterEvent): void => {
+      switch (e.type) {
+        case 'ready':
+          timers.push(setTimeout(() => kill(true), o.fallbackMs));
+          if (plan.kind === 'timer') timers.push(setTimeout(() => kill(), plan.ms));
+          break;
+        case 'write-sent': writesOut++; if (plan.kind === 'mid-writes' && acks >= plan.afterAck && ++writesAfter >= plan.writes) kill(); break;
+        case 'write-done': writesOut--; break;
+        case 'flush-sent':
+          flushOut = true;
+          if (plan.kind === 'flush-in-flight' && e.n === plan.n) later(() => kill(), killDelayTick);
+          break;
+        case 'flush-done':
+          flushOut = false;
+          if (e.ok) acks++;
+          if (plan.kind === 'after-flush-ack' && e.ok && acks === plan.n) kill();
+          break;
+      }
+    };
+    let stats: WriterStats;
+    try {
+      stats = await runWriter(server.socket, model, { ...wopts, exportName: VOLUME, rng: wrng, onEvent, replyTimeoutMs: 60_000 });
+    } finally {
+      for (const x of timers) clearTimeout(x);
+      kill(true);
+      await server.kill();
+    }
+    model.serverLost();
+    const point: KillPoint = killed ?? 'fallback';
+    cov.rounds++;
+    cov.points[point]++;
+    cov.plans[plan.kind] = (cov.plans[plan.kind] ?? 0) + 1;
+    cov.writes += stats.writesSent;
+    cov.flushesOk += stats.flushesOk;
+    cov.flushesFailed += stats.flushesFailed;
+    cov.fuaOk += stats.fuaOk;
+    t.is(stats.endedBy, 'closed', 'the writer ends when its server is killed');
+    const badErrnos = Object.keys(stats.errnos).filter((e) => e !== '5');
+    t.deepEqual(badErrnos, [], `a failed flush or write must be EIO, got errnos ${JSON.stringify(stats.errnos)}`);
+    if (!o.faultsFor) t.is(stats.flushesFailed, 0, `no flush may fail without injected faults (errnos ${JSON.stringify(stats.errnos)})`);
+    t.log(`[${target.label}] round ${round + 1}: kill ${planName(plan)} -> killed with ${point}; k=${wopts.flushEvery} depth=${wopts.depth}: ` +
+      `${stats.writesSent} writes (${(stats.bytesSent / 1048576).toFixed(1)} MiB), flushes ${stats.flushesOk} ok / ${stats.flushesFailed} EIO, FUA ${stats.fuaOk}; ` +
+      `${model.pendingBlocks()} blocks with unacknowledged writes; ${stats.elapsedMs} ms`);
+
+    server = await startHost(t, target, o.faultsFor?.(hostNo++));
+  }
+  await verify(o.rounds, `after the last crash (${cov.rounds})`);
+  const logs = /replayed":(\d+)/.exec(server.stderr());
+  if (logs) cov.maxLogRecords = Number(logs[1]);
+  await server.stop();
+  t.log(`[${target.label}] ${cov.rounds} crash rounds in ${((Date.now() - t0) / 1000).toFixed(1)} s; plans ${JSON.stringify(cov.plans)}; ` +
+    `kill points ${JSON.stringify(cov.points)}; ${cov.writes} writes, ${cov.flushesOk} flushes ok, ${cov.flushesFailed} EIO, ${cov.fuaOk} FUA; ` +
+    `${cov.newer} block reads newer than acknowledged`);
+  return cov;
+}
+
+function assertCoverage(t: ExecutionContext, cov: Coverage, minRounds: number): void {
+  t.true(cov.rounds >= minRounds, `only ${cov.rounds} crash rounds ran (want >= ${minRounds})`);
+  t.true(cov.flushesOk > 0, 'some flush was acknowledged (else nothing was tested)');
+  t.true(cov.ackedBlocks > 0, 'some round had acknowledged data to lose');
+}
+
+function fileTarget(t: ExecutionContext, label: string): Target {
+  return { label, store: `file:${path.join(tempDir(t, 'baton-crash-store-'), 'store')}`, env: {}, storeArgs: [] };
+}
+
+// ------------------------------------------------------------------ variants
+
+test('crash rounds on a file: store: acknowledged flushes survive SIGKILL, a fresh host reads no garbage', async (t) => {
+  t.timeout(240_000);
+  const seed = (SEED + 1) >>> 0;
+  t.log(`seed ${seed} (BATON_CRASH_SEED=${SEED})`);
+  const cov = await crashRounds(t, fileTarget(t, 'file'), { rounds: Math.round(24 * SCALE), budgetMs: 30_000 * SCALE, seed, slow: false, fallbackMs: 5_000 });
+  assertCoverage(t, cov, Math.min(8, Math.round(24 * SCALE)));
+  t.true(cov.points['flush in flight'] > 0, 'some kill landed with a flush in flight');
+});
+
+(hasS3() ? test : test.skip)('crash rounds on Ceph RGW (S3): acknowledged flushes survive SIGKILL, a fresh host reads no garbage', async (t) => {
+  t.timeout(240_000);
+  const s3 = await s3TestEnv(t);
+  const bucket = await makeTestBucket(s3);
+  const seed = (SEED + 2) >>> 0;
+  t.log(`seed ${seed} (BATON_CRASH_SEED=${SEED})`);
+  const target: Target = {
+    label: 'rgw',
+    store: `s3://${bucket}/crash`,
+    env: { AWS_ACCESS_KEY_ID: s3.accessKeyId, AWS_SECRET_ACCESS_KEY: s3.secretAccessKey, AWS_REGION: s3.region },
+    storeArgs: ['--endpoint', s3.endpoint],
+  };
+  const cov = await crashRounds(t, target, { rounds: Math.round(14 * SCALE), budgetMs: 35_000 * SCALE, seed, slow: true, fallbackMs: 8_000 });
+  assertCoverage(t, cov, Math.min(5, Math.round(14 * SCALE)));
+});
+
+test('crash rounds with injected store faults (10% errors, lost replies, timeouts, 20 ms latency): no false acknowledgement, the volume recovers', async (t) => {
+  t.timeout(300_000);
+  const seed = (SEED + 3) >>> 0;
+  t.log(`seed ${seed} (BATON_CRASH_SEED=${SEED}); faults ${JSON.stringify(FAULTS_10)}`);
+  const cov = await crashRounds(t, fileTarget(t, 'file+faults'), {
+    rounds: Math.round(12 * SCALE), budgetMs: 35_000 * SCALE, seed, slow: true, fallbackMs: 10_000,
+    // Every host injects faults, also the one that recovers and verifies.
+    faultsFor: (i) => ({ ...FAULTS_10, seed: (seed * 31 + i) >>> 0 }),
+  });
+  assertCoverage(t, cov, Math.min(4, Math.round(12 * SCALE)));
+  t.log(`flush outcomes under faults: ${cov.flushesOk} acknowledged, ${cov.flushesFailed} EIO (every acknowledged one verified after its crash)`);
+});
+
+test('a flush that fails with EIO keeps the data: reads still see it, a later flush persists it, a fresh host reads it', async (t) => {
+  t.timeout(180_000);
+  const seed = (SEED + 4) >>> 0;
+  // Puts only, and harsh: with 6 attempts per put, ~18% of commits exhaust the retries.
+  const faults = { latencyMs: 2, errorRate: 0.6, lostReplyRate: 0.1, timeoutRate: 0.05, timeoutMs: 50, ops: ['put'], seed };
+  t.log(`seed ${seed} (BATON_CRASH_SEED=${SEED}); faults ${JSON.stringify(faults)}`);
+  const target = fileTarget(t, 'eio');
+  createVolume(target);
+  const model = new BlockModel(BLOCKS, (seed ^ 0xe10) >>> 0);
+  const server = await startHost(t, target, faults);
+
+  // 1. Write and flush until two flushes failed (uniform writes: most blocks are written once,
+  //    so a lost block cannot hide behind a later rewrite).
+  const s1 = await runWriter(server.socket, model, {
+    exportName: VOLUME, rng: rngFrom(seed), flushEvery: 4, depth: 4, maxRunBlocks: 8, bigWriteRate: 0.01,
+    stopWhen: (s) => s.flushesFailed >= 2, durationMs: 60_000,
+  });
+  t.log(`phase 1: ${s1.writesSent} writes, flushes ${s1.flushesOk} ok / ${s1.flushesFailed} EIO (errnos ${JSON.stringify(s1.errnos)}), ${s1.elapsedMs} ms`);
+  t.is(s1.endedBy, 'done');
+  t.true(s1.flushesFailed >= 1, 'the faults made at least one flush fail (else this test checked nothing)');
+  t.deepEqual(Object.keys(s1.errnos), ['5'], 'a failed flush is EIO');
+  t.is(s1.writesFailed, 0, 'writes are buffered: they do not fail with the store');
+
+  // 2. Right after the EIO: the server still serves every write it replied to (nothing dropped).
+  const latest = new Uint32Array(BLOCKS);
+  for (let b = 0; b < BLOCKS; b++) latest[b] = Math.max(...model.allowed(b));
+  const v1 = await verifyVolume(server.socket, VOLUME, model);
+  t.is(v1.problemCount, 0, describeProblems(v1));
+  const notLatest = [...v1.observed.keys()].filter((b) => v1.observed[b] !== latest[b] && !(model.zeroGens.has(v1.observed[b]!) && model.zeroGens.has(latest[b]!)));
+  t.deepEqual(notLatest.slice(0, 10), [], `after an EIO flush, reads must still return the newest data (${notLatest.length} blocks do not)`);
+
+  // 3. A later flush succeeds (retried until it does) and covers everything, including what the failed ones did not persist.
+  const s2 = await runWriter(server.socket, model, { exportName: VOLUME, rng: rngFrom(seed + 1), flushEvery: 1, maxWrites: 0, finalFlushTries: 40 });
+  t.log(`phase 2: ${s2.flushesSent} flushes to get one through (${s2.flushesFailed} EIO)`);
+  t.true(s2.flushesOk >= 1, 'a later flush succeeded');
+  t.true(model.allRepliedCovered, 'the last successful flush covers every write replied to');
+  t.is(model.pendingBlocks(), 0, 'no block has a write of unknown fate');
+  t.true(model.rescued.size > 0, `some blocks were persisted only by a flush after an EIO one (${model.rescued.size})`);
+  t.log(`${model.rescued.size} blocks whose flush failed with EIO were persisted by a later flush`);
+
+  // 4. Crash, and a fresh host without faults reads exactly the acknowledged data.
+  await server.kill();
+  const b = await startHost(t, target);
+  const v2 = await verifyVolume(b.socket, VOLUME, model);
+  t.is(v2.problemCount, 0, describeProblems(v2));
+  t.is(v2.newer, 0);
+  t.is(v2.atAcked, BLOCKS, 'every block reads as its acknowledged generation');
+  await b.stop();
+});
