@@ -57,6 +57,31 @@ const liveChildren = new Set<ChildProcess>();
 const tempPaths = new Set<string>();
 let signalHandlersInstalled = false;
 
+/**
+ * Synchronous last-resort undo steps for things that are not processes (mounts, loop devices,
+ * a radosgw cluster). 'before' hooks run before the tracked children are killed (unmount while
+ * the NBD server still answers), 'after' hooks after it (stop radosgw once nothing talks to
+ * it). Scenarios undo in `finally` blocks themselves; these only run for what is left at exit.
+ */
+const exitHooks: { phase: 'before' | 'after'; fn: () => void }[] = [];
+
+/** Register a synchronous undo step for exit; returns a function that unregisters it. */
+export function onExitCleanup(fn: () => void, phase: 'before' | 'after' = 'before'): () => void {
+  installCleanupHandlers();
+  const h = { phase, fn };
+  exitHooks.push(h);
+  return () => { const i = exitHooks.indexOf(h); if (i >= 0) exitHooks.splice(i, 1); };
+}
+
+function runExitHooks(phase: 'before' | 'after'): void {
+  // Newest first: a mount registered after its loop device is undone before it.
+  for (const h of [...exitHooks].reverse()) {
+    if (h.phase !== phase) continue;
+    exitHooks.splice(exitHooks.indexOf(h), 1);
+    try { h.fn(); } catch { /* best effort */ }
+  }
+}
+
 function installCleanupHandlers(): void {
   if (signalHandlersInstalled) return;
   signalHandlersInstalled = true;
@@ -72,10 +97,12 @@ function installCleanupHandlers(): void {
 }
 
 function cleanupSync(): void {
+  runExitHooks('before');
   for (const c of liveChildren) {
     if (c.exitCode === null && c.signalCode === null) { try { c.kill('SIGKILL'); } catch { /* gone */ } }
   }
   liveChildren.clear();
+  runExitHooks('after');
   for (const p of tempPaths) { try { fs.rmSync(p, { recursive: true, force: true }); } catch { /* best effort */ } }
   tempPaths.clear();
 }
@@ -131,10 +158,15 @@ export function toolVersion(tool: string, flag = '--version'): string | null {
  * process dies without running its cleanup; the child's pid is still the tool's own pid
  * (setpriv execs), so /proc/PID/stat measures the tool.
  */
-export function spawnTracked(argv: string[], opts: { env?: NodeJS.ProcessEnv; stdout?: 'pipe' | 'ignore' } = {}): ChildProcess {
+export function spawnTracked(argv: string[], opts: { env?: NodeJS.ProcessEnv; stdout?: 'pipe' | 'ignore'; cwd?: string; detached?: boolean } = {}): ChildProcess {
   installCleanupHandlers();
   const [cmd, ...args] = HAS_SETPRIV ? ['setpriv', '--pdeathsig', 'SIGKILL', '--', ...argv] : argv;
-  const child = spawn(cmd!, args, { stdio: ['ignore', opts.stdout ?? 'pipe', 'pipe'], env: opts.env ?? process.env });
+  // detached: own session (setsid), so a Ctrl-C to the harness's process group does not reach
+  // it before the harness has undone what depends on it (nbdfuse under a mounted filesystem).
+  const child = spawn(cmd!, args, {
+    stdio: ['ignore', opts.stdout ?? 'pipe', 'pipe'], env: opts.env ?? process.env,
+    ...(opts.cwd ? { cwd: opts.cwd } : {}), ...(opts.detached ? { detached: true } : {}),
+  });
   liveChildren.add(child);
   child.once('exit', () => liveChildren.delete(child));
   return child;
@@ -156,8 +188,8 @@ export class CommandError extends Error {
 }
 
 /** Run a command to completion; wall time measured around the process. Throws CommandError on non-zero exit. */
-export async function runCommand(argv: string[], opts: { timeoutMs?: number; env?: NodeJS.ProcessEnv } = {}): Promise<CommandResult> {
-  const child = spawnTracked(argv, opts.env ? { env: opts.env } : {});
+export async function runCommand(argv: string[], opts: { timeoutMs?: number; env?: NodeJS.ProcessEnv; cwd?: string } = {}): Promise<CommandResult> {
+  const child = spawnTracked(argv, { ...(opts.env ? { env: opts.env } : {}), ...(opts.cwd ? { cwd: opts.cwd } : {}) });
   const t0 = process.hrtime.bigint();
   let stdout = '';
   let stderr = '';
@@ -210,6 +242,8 @@ export interface Server {
   readonly pid: number | undefined;
   /** The command that started it (as a user would type it). */
   readonly argv: string[];
+  /** performance.now() just before the process was spawned. */
+  readonly spawnedAt: number;
   alive(): boolean;
   /** "running", or how it ended ("exit 1", "signal SIGKILL"). */
   status(): string;
@@ -236,10 +270,17 @@ export async function waitForSocket(socket: string, child: ChildProcess, timeout
   }
 }
 
-async function startServer(kind: string, argv: string[], socket: string, uri: string, env?: NodeJS.ProcessEnv): Promise<Server> {
+async function startServer(kind: string, argv: string[], socket: string, uri: string, env?: NodeJS.ProcessEnv, logFile?: string): Promise<Server> {
+  const spawnedAt = performance.now();
   const child = spawnTracked(argv, { ...(env ? { env } : {}), stdout: 'ignore' });
   let err = '';
-  child.stderr!.on('data', (d: Buffer) => { err = (err + d.toString()).slice(-65536); });
+  // With logFile, all of stderr (baton logs there) is also kept in that file, not only the last 64 KiB.
+  const logFd = logFile ? fs.openSync(logFile, 'a') : null;
+  child.stderr!.on('data', (d: Buffer) => {
+    err = (err + d.toString()).slice(-65536);
+    if (logFd !== null) fs.writeSync(logFd, d);
+  });
+  if (logFd !== null) child.once('close', () => fs.closeSync(logFd));
   const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()));
   const alive = (): boolean => child.exitCode === null && child.signalCode === null;
   const server: Server = {
@@ -248,6 +289,7 @@ async function startServer(kind: string, argv: string[], socket: string, uri: st
     socket,
     pid: child.pid,
     argv,
+    spawnedAt,
     alive,
     status: () => (alive() ? 'running' : child.signalCode ? `signal ${child.signalCode}` : `exit ${child.exitCode}`),
     cpuSeconds: () => processCpuSeconds(child.pid),
@@ -284,6 +326,10 @@ export interface BatonOptions {
   extraArgs?: string[];
   logLevel?: string;
   env?: NodeJS.ProcessEnv;
+  /** false: serve an existing volume (no `--create`/`--size`, so no create request at start). Default true. */
+  create?: boolean;
+  /** Also write all of baton's stderr (its log) to this file. */
+  logFile?: string;
 }
 
 /**
@@ -298,10 +344,10 @@ export async function startBaton(o: BatonOptions): Promise<Server> {
   if (store === 'file:' || store === 'raw:') store += path.join(o.dir, 'store');
   const argv = [
     process.execPath, ...(o.nodeArgs ?? []), BATON_BIN, 'serve', '--socket', socket, '--store', store,
-    '--create', o.volume, '--size', String(o.size), '--log-level', o.logLevel ?? 'warn', ...(o.extraArgs ?? []),
+    ...(o.create === false ? [] : ['--create', o.volume, '--size', String(o.size)]), '--log-level', o.logLevel ?? 'warn', ...(o.extraArgs ?? []),
   ];
   const env = { ...process.env, BATON_HOME: path.join(o.dir, 'home'), BATON_CACHE_DIR: path.join(o.dir, 'cache'), ...o.env };
-  return startServer('baton', argv, socket, `nbd+unix:///${o.volume}?socket=${socket}`, env);
+  return startServer('baton', argv, socket, `nbd+unix:///${o.volume}?socket=${socket}`, env, o.logFile);
 }
 
 export interface NbdkitOptions {
@@ -568,4 +614,332 @@ export function summarizeCpuProfile(file: string, top = 15): ProfileEntry[] {
     byFn.set(key, e);
   }
   return [...byFn.values()].sort((a, b) => b.selfMs - a.selfMs).slice(0, top);
+}
+
+// ------------------------------------------------------------------ radosgw (scripts/rgw.sh)
+
+/** Request counters of radosgw (`perf dump`, section "rgw"): object GETs/PUTs and their bytes, all requests. */
+export interface RgwCounters { req: number; failedReq: number; get: number; getBytes: number; put: number; putBytes: number }
+
+export function diffCounters(after: RgwCounters, before: RgwCounters): RgwCounters {
+  return {
+    req: after.req - before.req, failedReq: after.failedReq - before.failedReq, get: after.get - before.get,
+    getBytes: after.getBytes - before.getBytes, put: after.put - before.put, putBytes: after.putBytes - before.putBytes,
+  };
+}
+
+/** One request from radosgw's access log (the beast frontend's line, logged at debug_rgw 1, the default). */
+export interface RgwRequest {
+  method: string;
+  /** Path without the query string, URL-decoded: /BUCKET/KEY, or /BUCKET/ for a LIST. */
+  path: string;
+  query: string;
+  status: number;
+  /** The byte count radosgw logs: the object body for GET and PUT. */
+  bytes: number;
+  /** Server-side latency, ms (radosgw's clock: a few ms of granularity). */
+  latencyMs: number;
+}
+
+const BEAST_LINE = /beast: \S+ \S+ - \S+ \[[^\]]*\] "(\w+) ([^ ?"]*)(\?[^ "]*)? HTTP\/[\d.]+" (\d+) (\d+|-) .* latency=([\d.]+)s/;
+
+export function parseBeastLine(line: string): RgwRequest | null {
+  const m = BEAST_LINE.exec(line);
+  if (!m) return null;
+  let p = m[2]!;
+  try { p = decodeURIComponent(p); } catch { /* keep raw */ }
+  return { method: m[1]!, path: p, query: m[3] ?? '', status: Number(m[4]), bytes: m[5] === '-' ? 0 : Number(m[5]), latencyMs: Number(m[6]) * 1000 };
+}
+
+export interface RgwServer {
+  dir: string;
+  endpoint: string;
+  /** BATON_S3_ENDPOINT, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION: for `baton serve`'s environment. */
+  env: Record<string, string>;
+  startSeconds: number;
+  /** Counters from the admin socket (no python `ceph` CLI: ~1 ms instead of ~0.5 s). */
+  counters(): Promise<RgwCounters>;
+  /** Where the access log is now; pass it to `requestsSince`. */
+  logMark(): number;
+  /**
+   * The requests logged since `mark`. The log is written asynchronously: waits (up to timeoutMs)
+   * until at least `expect` requests are there (e.g. the `req` delta of the counters).
+   */
+  requestsSince(mark: number, expect?: number, timeoutMs?: number): Promise<RgwRequest[]>;
+  /** `rgw.sh stop DIR` (SIGKILLs the daemons, removes DIR). */
+  stop(): Promise<void>;
+}
+
+/** Ask a Ceph daemon's admin socket: JSON command + NUL, reply is a u32 BE length and JSON. */
+export function cephAdminSocket(sock: string, command: Record<string, unknown>, timeoutMs = 10_000): Promise<unknown> {
+  return new Promise((resolve, reject) => {
+    const s = net.connect(sock);
+    let buf = Buffer.alloc(0);
+    const timer = setTimeout(() => { s.destroy(); reject(new Error(`admin socket ${sock}: no answer in ${timeoutMs} ms`)); }, timeoutMs);
+    s.once('connect', () => s.write(JSON.stringify(command) + '\0'));
+    s.on('data', (d: Buffer) => {
+      buf = Buffer.concat([buf, d]);
+      if (buf.length >= 4 && buf.length >= 4 + buf.readUInt32BE(0)) {
+        clearTimeout(timer);
+        s.destroy();
+        try { resolve(JSON.parse(buf.subarray(4, 4 + buf.readUInt32BE(0)).toString('utf8'))); } catch (e) { reject(e); }
+      }
+    });
+    s.once('error', (e) => { clearTimeout(timer); reject(e); });
+  });
+}
+
+/**
+ * A throwaway Ceph radosgw on loopback (`scripts/rgw.sh start DIR`; one memstore OSD, so what
+ * is stored lives in RAM). Stopped by `stop()`, at exit, and by rgw.sh's own watchdog if this
+ * process is SIGKILLed (RGW_WATCH_PID).
+ */
+export async function startRgw(dir: string): Promise<RgwServer> {
+  const script = path.join(REPO_ROOT, 'scripts', 'rgw.sh');
+  const stopSync = (): void => { spawnSync('bash', [script, 'stop', dir], { stdio: 'ignore', timeout: 20_000 }); };
+  const unregister = onExitCleanup(stopSync, 'after');
+  const r = await runCommand(['bash', script, 'start', dir], { timeoutMs: 120_000, env: { ...process.env, RGW_WATCH_PID: String(process.pid) } });
+  const env: Record<string, string> = {};
+  for (const line of fs.readFileSync(path.join(dir, 'env'), 'utf8').split('\n')) {
+    const m = /^([A-Z0-9_]+)=(.*)$/.exec(line.trim());
+    if (m) env[m[1]!] = m[2]!;
+  }
+  if (!env.BATON_S3_ENDPOINT || !env.AWS_ACCESS_KEY_ID || !env.AWS_SECRET_ACCESS_KEY) throw new Error(`rgw.sh wrote an incomplete ${dir}/env`);
+  const asok = path.join(dir, 'run', 'client.rgw.a.asok');
+  const logPath = path.join(dir, 'log', 'client.rgw.a.log');
+  const readFrom = (mark: number): string => {
+    const fd = fs.openSync(logPath, 'r');
+    try {
+      const size = fs.fstatSync(fd).size;
+      if (size <= mark) return '';
+      const b = Buffer.allocUnsafe(size - mark);
+      let done = 0;
+      while (done < b.length) { const n = fs.readSync(fd, b, done, b.length - done, mark + done); if (n === 0) break; done += n; }
+      return b.subarray(0, done).toString('utf8');
+    } finally {
+      fs.closeSync(fd);
+    }
+  };
+  return {
+    dir,
+    endpoint: env.BATON_S3_ENDPOINT,
+    env,
+    startSeconds: r.seconds,
+    counters: async () => {
+      const d = (await cephAdminSocket(asok, { prefix: 'perf dump' })) as { rgw?: Record<string, number> };
+      const g = d.rgw ?? {};
+      return { req: g.req ?? NaN, failedReq: g.failed_req ?? NaN, get: g.get ?? NaN, getBytes: g.get_b ?? NaN, put: g.put ?? NaN, putBytes: g.put_b ?? NaN };
+    },
+    logMark: () => { try { return fs.statSync(logPath).size; } catch { return 0; } },
+    requestsSince: async (mark, expect = 0, timeoutMs = 10_000) => {
+      const deadline = Date.now() + timeoutMs;
+      for (;;) {
+        // Only whole lines: the writer may be in the middle of one.
+        const text = readFrom(mark);
+        const complete = text.slice(0, text.lastIndexOf('\n') + 1);
+        const reqs = complete.split('\n').map(parseBeastLine).filter((x): x is RgwRequest => x !== null);
+        if (reqs.length >= expect || Date.now() > deadline) return reqs;
+        await new Promise((res) => setTimeout(res, 100));
+      }
+    },
+    stop: async () => {
+      unregister();
+      await runCommand(['bash', script, 'stop', dir], { timeoutMs: 30_000 }).catch(() => {});
+    },
+  };
+}
+
+// ------------------------------------------------------------------ ext4 on any NBD export (nbdfuse + loop)
+
+export interface Ext4Stack {
+  /** Mount point. */
+  mnt: string;
+  /** The loop device. */
+  dev: string;
+  /** Seconds of each setup step: nbdfuse (until DIR/nbd exists), losetup, mkfs (if asked), mount. */
+  seconds: { nbdfuse: number; losetup: number; mkfs?: number; mount: number };
+  /** umount, losetup -d, fusermount3 -u (nbdfuse flushes and disconnects). Idempotent; throws if umount failed. */
+  teardown(): Promise<void>;
+}
+
+function isMountpoint(dir: string): boolean {
+  const want = path.resolve(dir);
+  try {
+    return fs.readFileSync('/proc/self/mountinfo', 'utf8').split('\n').some((l) => l.split(' ')[4] === want);
+  } catch {
+    return false;
+  }
+}
+
+/**
+ * A real kernel ext4 on an NBD export without the nbd kernel module (test/helpers/ext4.ts does
+ * the same for tests): `nbdfuse FUSEDIR URI` exposes the export as FUSEDIR/nbd, `losetup -f
+ * --show FUSEDIR/nbd` makes it a block device, then `mkfs.ext4 -q -F` (with `mkfs`) and `mount`.
+ * Needs root. Every step is undone by `teardown()`, and at exit if the scenario did not get there.
+ */
+export async function attachExt4(uri: string, dir: string, o: { mkfs?: boolean; mkfsArgs?: string[]; mountOptions?: string } = {}): Promise<Ext4Stack> {
+  const fuseDir = path.join(dir, 'fuse');
+  const mnt = path.join(dir, 'mnt');
+  fs.mkdirSync(fuseDir, { recursive: true });
+  fs.mkdirSync(mnt, { recursive: true });
+  const file = path.join(fuseDir, 'nbd');
+  const seconds: Ext4Stack['seconds'] = { nbdfuse: NaN, losetup: NaN, mount: NaN };
+  const since = (t: number): number => (performance.now() - t) / 1000;
+
+  let t = performance.now();
+  const fuse = spawnTracked(['nbdfuse', fuseDir, uri], { detached: true, stdout: 'ignore' });
+  let fuseErr = '';
+  fuse.stderr!.on('data', (d: Buffer) => { fuseErr = (fuseErr + d.toString()).slice(-8192); });
+  const fuseExited = new Promise<void>((res) => fuse.once('exit', () => res()));
+  const fuseAlive = (): boolean => fuse.exitCode === null && fuse.signalCode === null;
+  let dev = '';
+  const undoSync = (): void => {
+    if (isMountpoint(mnt)) spawnSync('umount', ['-l', mnt], { stdio: 'ignore', timeout: 20_000 });
+    if (dev) spawnSync('losetup', ['-d', dev], { stdio: 'ignore', timeout: 20_000 });
+    if (isMountpoint(fuseDir)) spawnSync('fusermount3', ['-u', '-z', fuseDir], { stdio: 'ignore', timeout: 20_000 });
+  };
+  const unregister = onExitCleanup(undoSync, 'before');
+  let tornDown = false;
+  const teardown = async (): Promise<void> => {
+    if (tornDown) return;
+    tornDown = true;
+    let error: Error | null = null;
+    if (isMountpoint(mnt)) {
+      try { await runCommand(['umount', mnt], { timeoutMs: 120_000 }); } catch (e) {
+        error = e as Error;
+        await runCommand(['umount', '-l', mnt], { timeoutMs: 20_000 }).catch(() => {});
+      }
+    }
+    if (dev) await runCommand(['losetup', '-d', dev], { timeoutMs: 30_000 }).catch((e) => { error ??= e as Error; });
+    if (isMountpoint(fuseDir)) {
+      await runCommand(['fusermount3', '-u', fuseDir], { timeoutMs: 30_000 })
+        .catch(() => runCommand(['fusermount3', '-u', '-z', fuseDir], { timeoutMs: 10_000 }).catch(() => {}));
+    }
+    const deadline = Date.now() + 15_000;
+    while (fuseAlive() && Date.now() < deadline) await new Promise((res) => setTimeout(res, 50));
+    if (fuseAlive()) { fuse.kill('SIGKILL'); await fuseExited; }
+    unregister();
+    if (error) throw error;
+  };
+  try {
+    const deadline = Date.now() + 20_000;
+    while (!fs.existsSync(file)) {
+      if (!fuseAlive()) throw new Error(`nbdfuse exited early: ${fuseErr}`);
+      if (Date.now() > deadline) throw new Error(`nbdfuse did not create ${file} in 20 s: ${fuseErr}`);
+      await new Promise((res) => setTimeout(res, 20));
+    }
+    seconds.nbdfuse = since(t);
+    t = performance.now();
+    dev = (await runCommand(['losetup', '-f', '--show', file], { timeoutMs: 30_000 })).stdout.trim();
+    if (!/^\/dev\/loop\d+$/.test(dev)) throw new Error(`losetup printed ${JSON.stringify(dev)}`);
+    seconds.losetup = since(t);
+    if (o.mkfs) {
+      t = performance.now();
+      await runCommand(['mkfs.ext4', '-q', '-F', ...(o.mkfsArgs ?? []), dev], { timeoutMs: 300_000 });
+      seconds.mkfs = since(t);
+    }
+    t = performance.now();
+    await runCommand(['mount', '-t', 'ext4', ...(o.mountOptions ? ['-o', o.mountOptions] : []), dev, mnt], { timeoutMs: 120_000 });
+    seconds.mount = since(t);
+  } catch (e) {
+    await teardown().catch(() => {});
+    throw e;
+  }
+  return { mnt, dev, seconds, teardown };
+}
+
+// ------------------------------------------------------------------ a minimal NBD client (time to first read)
+
+export interface FirstReadTimes {
+  /** performance.now() when the socket connected, the handshake (OPT_GO) finished, the READ reply arrived. */
+  connectedAt: number;
+  goAt: number;
+  readAt: number;
+  data: Buffer;
+}
+
+/**
+ * Connect to a Unix-socket NBD server (retrying until it listens, up to timeoutMs), negotiate
+ * fixed newstyle + NBD_OPT_GO for `exportName` (no structured replies), READ `length` bytes at
+ * `offset`, disconnect. For measuring the time to the first answered READ of a server that is
+ * just starting; frames are the ones in the NBD protocol spec (proto.md).
+ */
+export async function nbdReadOnce(socket: string, exportName: string, offset: number, length: number, timeoutMs = 60_000): Promise<FirstReadTimes> {
+  const deadline = Date.now() + timeoutMs;
+  let sock: net.Socket;
+  for (;;) {
+    const s = await new Promise<net.Socket | null>((resolve) => {
+      const c = net.connect(socket);
+      c.once('connect', () => { c.removeAllListeners('error'); resolve(c); });
+      c.once('error', () => { c.destroy(); resolve(null); });
+    });
+    if (s) { sock = s; break; }
+    if (Date.now() > deadline) throw new Error(`nbd: ${socket} did not accept a connection in ${timeoutMs} ms`);
+    await new Promise((r) => setTimeout(r, 5));
+  }
+  const connectedAt = performance.now();
+  let buf = Buffer.alloc(0);
+  let waiter: (() => void) | null = null;
+  let failed: Error | null = null;
+  sock.on('data', (d: Buffer) => { buf = Buffer.concat([buf, d]); waiter?.(); });
+  sock.on('error', (e) => { failed = e; waiter?.(); });
+  sock.on('close', () => { failed ??= new Error('nbd: server closed the connection'); waiter?.(); });
+  const take = async (n: number): Promise<Buffer> => {
+    while (buf.length < n) {
+      if (failed) throw failed;
+      if (Date.now() > deadline) throw new Error('nbd: timed out waiting for the server');
+      await new Promise<void>((res) => { waiter = res; setTimeout(res, 1000); });
+      waiter = null;
+    }
+    const out = buf.subarray(0, n);
+    buf = buf.subarray(n);
+    return out;
+  };
+  try {
+    const greeting = await take(18);
+    if (greeting.readBigUInt64BE(0) !== 0x4e42444d41474943n || greeting.readBigUInt64BE(8) !== 0x49484156454f5054n) throw new Error('nbd: not a newstyle server');
+    const clientFlags = Buffer.alloc(4);
+    clientFlags.writeUInt32BE(1 | 2, 0); // FIXED_NEWSTYLE | NO_ZEROES
+    const name = Buffer.from(exportName);
+    const data = Buffer.alloc(4 + name.length + 2);
+    data.writeUInt32BE(name.length, 0);
+    name.copy(data, 4);
+    data.writeUInt16BE(0, 4 + name.length);
+    const opt = Buffer.alloc(16);
+    opt.writeBigUInt64BE(0x49484156454f5054n, 0);
+    opt.writeUInt32BE(7, 8); // NBD_OPT_GO
+    opt.writeUInt32BE(data.length, 12);
+    sock.write(Buffer.concat([clientFlags, opt, data]));
+    for (;;) {
+      const h = await take(20);
+      const type = h.readUInt32BE(12);
+      const len = h.readUInt32BE(16);
+      const body = await take(len);
+      if (type === 1) break; // ACK
+      if (type & 0x80000000) throw new Error(`nbd: OPT_GO refused (0x${type.toString(16)}): ${body.subarray(0).toString('utf8')}`);
+    }
+    const goAt = performance.now();
+    const req = Buffer.alloc(28);
+    req.writeUInt32BE(0x25609513, 0);
+    req.writeUInt16BE(0, 4);
+    req.writeUInt16BE(0, 6); // READ
+    req.writeBigUInt64BE(1n, 8);
+    req.writeBigUInt64BE(BigInt(offset), 16);
+    req.writeUInt32BE(length, 24);
+    sock.write(req);
+    const rep = await take(16);
+    if (rep.readUInt32BE(0) !== 0x67446698) throw new Error('nbd: unexpected reply magic');
+    const err = rep.readUInt32BE(4);
+    if (err !== 0) throw new Error(`nbd: READ failed, errno ${err}`);
+    const payload = Buffer.from(await take(length));
+    const readAt = performance.now();
+    const disc = Buffer.alloc(28);
+    disc.writeUInt32BE(0x25609513, 0);
+    disc.writeUInt16BE(2, 6); // DISC
+    disc.writeBigUInt64BE(2n, 8);
+    sock.end(disc);
+    return { connectedAt, goAt, readAt, data: payload };
+  } finally {
+    sock.destroy();
+  }
 }

@@ -24,7 +24,9 @@ import { DEFAULT_LISTEN, defaultStoreUrl, parseListen } from '../src/config.js';
 import { BatonError, errorMessage, isBatonError } from '../src/errors.js';
 import { makeLogger } from '../src/log.js';
 import { formatSize, parseSize } from '../src/size.js';
-import { VolumeExports, type VolumeInfo } from '../src/volumes.js';
+import type { VolumeInfo } from '../src/volumes.js';
+import { VolumeExports, defaultHostId, type OnHeld } from '../src/exports.js';
+import { openLeaseManager } from '../src/lease/open.js';
 
 function sizeArg(v: string): number {
   try { return parseSize(v); } catch (err) { throw new CommanderInvalidArgument(errorMessage(err)); }
@@ -85,6 +87,11 @@ withStore(program.command('serve')
   .option('--read-only', 'export every volume read-only')
   .option('--create <name>', 'create this volume first if it does not exist (with --size)')
   .option('--size <size>', 'size for --create, e.g. 10G', sizeArg)
+  .addOption(new Option('--redis <url>', 'Redis for the single-writer lease (redis://, rediss://, unix://, redis+sentinel://, redis+cluster://); without it, a lease file on this machine').env('BATON_REDIS_URL'))
+  .option('--lease-ttl <seconds>', 'lease time-to-live; a dead host is taken over after this', secondsArg, 5)
+  .option('--host-id <id>', 'this host\'s name in leases and handoffs', defaultHostId())
+  .addOption(new Option('--on-held <policy>', 'when another host holds a volume: refuse the attach, wait for it, or ask for a handoff').choices(['refuse', 'wait', 'takeover']).default('refuse'))
+  .option('--held-wait <seconds>', 'how long --on-held wait|takeover waits', secondsArg, 30)
   .option('--handshake-timeout <seconds>', 'close clients that do not finish the handshake in time', secondsArg, 30)
   .option('--idle-grace <seconds>', 'keep a volume open this long after its last client leaves', secondsArg, 5)
   .option('--log-level <level>', 'trace, debug, info, warn, error', process.env.BATON_LOG_LEVEL ?? 'info')
@@ -95,7 +102,7 @@ Examples:
   $ AWS_PROFILE=ci baton serve --store s3://my-bucket/baton --endpoint http://127.0.0.1:7480
   $ nbd-client -N work 127.0.0.1 10809 /dev/nbd0     # attach with the kernel client
   $ nbdfuse /mnt/work nbd://127.0.0.1/work &         # or as a file through FUSE`)
-  .action(async (opts: StoreFlags & { listen: string; socket?: string; cacheDir: string; cacheSize: number; readOnly?: boolean; create?: string; size?: number; handshakeTimeout: number; idleGrace: number; logLevel: string }) => {
+  .action(async (opts: StoreFlags & LeaseFlags & { listen: string; socket?: string; cacheDir: string; cacheSize: number; readOnly?: boolean; create?: string; size?: number; handshakeTimeout: number; idleGrace: number; logLevel: string; onHeld: OnHeld; heldWait: number }) => {
     const log = makeLogger(opts.logLevel);
     const catalog = catalogFor(opts, { log, cacheDir: opts.cacheDir, cacheSize: opts.cacheSize });
     await probeBeforeServing(catalog, !!opts.readOnly, log);
@@ -108,12 +115,17 @@ Examples:
         if (!isBatonError(err, 'BATON_ERR_ALREADY_EXISTS')) throw err;
       }
     }
-    const exports = new VolumeExports(catalog, { readOnly: !!opts.readOnly, idleGraceMs: opts.idleGrace * 1000, log });
-    const server = new NbdServer(exports, { log, handshakeTimeoutMs: opts.handshakeTimeout * 1000 });
     const addr: ListenAddress = opts.socket ? { path: opts.socket } : parseListen(opts.listen);
+    const leases = catalog instanceof StoreCatalog && !opts.readOnly ? await leaseManagerFor(opts, log) : null;
+    const exports = new VolumeExports(catalog, {
+      readOnly: !!opts.readOnly, idleGraceMs: opts.idleGrace * 1000, log,
+      ...(leases ? { lease: { manager: leases, hostId: opts.hostId, onHeld: opts.onHeld, waitMs: opts.heldWait * 1000, address: 'path' in addr ? `unix:${addr.path}` : `${addr.host}:${addr.port}` } } : {}),
+    });
+    const server = new NbdServer(exports, { log, handshakeTimeoutMs: opts.handshakeTimeout * 1000 });
+    exports.setDisconnector((name) => server.disconnectExport(name));
     const bound = await server.listen(addr);
     const uri = 'path' in bound ? `nbd+unix:///NAME?socket=${bound.path}` : `nbd://${bound.host.includes(':') ? `[${bound.host}]` : bound.host}:${bound.port}/NAME`;
-    log.info({ address: bound, store: catalog.description, uri }, 'listening');
+    log.info({ address: bound, store: catalog.description, uri, hostId: opts.hostId, lease: leases?.description ?? 'none (read-only or plain backend)' }, 'listening');
     let stopping = false;
     const stop = async (signal: string): Promise<void> => {
       if (stopping) return;
@@ -121,6 +133,7 @@ Examples:
       log.info({ signal }, 'shutting down: finishing requests and flushing volumes');
       await server.close();
       await exports.close();
+      await leases?.close();
       process.exit(0);
     };
     process.on('SIGINT', () => void stop('SIGINT'));
@@ -173,6 +186,68 @@ withStore(program.command('rm')
   .action(async (name: string, opts: StoreFlags) => {
     await catalogFor(opts).remove(name);
     process.stdout.write(`removed volume ${name}\n`);
+  });
+
+interface LeaseFlags { redis?: string; leaseTtl: number; hostId: string }
+
+/** The lease manager the options name: Redis, or lease files next to a local store. */
+function leaseManagerFor(o: StoreFlags & LeaseFlags, log?: Logger) {
+  return openLeaseManager({ storeUrl: o.store, ttlMs: o.leaseTtl * 1000, ...(o.redis ? { redis: o.redis } : {}), ...(log ? { log } : {}) });
+}
+
+function withLease(cmd: Command): Command {
+  return cmd
+    .addOption(new Option('--redis <url>', 'Redis holding the leases (default: lease files on this machine)').env('BATON_REDIS_URL'))
+    .option('--lease-ttl <seconds>', 'lease time-to-live', secondsArg, 5)
+    .option('--host-id <id>', 'this host\'s name in leases', defaultHostId());
+}
+
+withLease(withStore(program.command('handoff')
+  .description('ask the host serving a volume to hand it to another host (flush, release, disconnect its clients)')
+  .argument('<name>')))
+  .requiredOption('--to <host-id>', 'the host that takes over (its --host-id)')
+  .option('--wait <seconds>', 'wait until the volume is released for the new host', secondsArg, 10)
+  .addHelpText('after', `
+Examples:
+  $ baton handoff work --to host-b --redis redis://10.0.0.5:6379
+  # then attach on host-b: nbd-client -N work host-b 10809 /dev/nbd0`)
+  .action(async (name: string, opts: StoreFlags & LeaseFlags & { to: string; wait: number }) => {
+    const leases = await leaseManagerFor(opts);
+    try {
+      const t0 = performance.now();
+      await leases.requestHandoff(name, opts.to);
+      const deadline = Date.now() + opts.wait * 1000;
+      for (;;) {
+        const l = await leases.inspect(name);
+        if (!l || !l.holder || l.reservedFor === opts.to) break;
+        if (Date.now() > deadline) throw new BatonError('BATON_ERR_TIMEOUT', `${l.holder} did not release ${name} within ${opts.wait} s; it may be flushing a lot of data, or unable to reach the store (see its log)`);
+        await new Promise((r) => setTimeout(r, 20));
+      }
+      process.stdout.write(`volume ${name} released for ${opts.to} in ${Math.round(performance.now() - t0)} ms; attach it there\n`);
+    } finally {
+      await leases.close();
+    }
+  });
+
+withLease(withStore(program.command('status')
+  .description('show who serves each volume: holder, lease token, TTL left, dirty bytes, last flush')))
+  .option('--json', 'print JSON')
+  .addHelpText('after', '\nExamples:\n  $ baton status --redis redis://127.0.0.1:6379\n  $ baton status --json')
+  .action(async (opts: StoreFlags & LeaseFlags & { json?: boolean }) => {
+    const leases = await leaseManagerFor(opts);
+    try {
+      const all = await leases.list();
+      if (opts.json) { printJson(all); return; }
+      if (all.length === 0) { process.stdout.write('no volume is being served\n'); return; }
+      const rows = [['VOLUME', 'HOLDER', 'TOKEN', 'TTL', 'DIRTY', 'LAST FLUSH', 'ADDRESS'], ...all.map((l) => [
+        l.volume, l.holder || (l.reservedFor ? `(reserved for ${l.reservedFor})` : '-'), String(l.token), `${(l.ttlMs / 1000).toFixed(1)}s`,
+        l.status ? formatSize(l.status.dirtyBytes) : '-', l.status?.lastFlushAt ?? '-', l.status?.address ?? '-',
+      ])];
+      const widths = rows[0]!.map((_, i) => Math.max(...rows.map((r) => r[i]!.length)));
+      for (const r of rows) process.stdout.write(r.map((c, i) => c.padEnd(widths[i]!)).join('  ').trimEnd() + '\n');
+    } finally {
+      await leases.close();
+    }
   });
 
 /** Refuse to serve read-write on a store that does not honour create-only puts: fencing would be a lie. */

@@ -6,21 +6,17 @@
  * - FileCatalog (`file:DIR`): one sparse file per volume under DIR/volumes/NAME/.
  * - MemoryCatalog (`memory:`): volumes live as long as the process (tests, benchmarks).
  *
- * VolumeExports opens a volume on a client's first attach and shares the one backend
- * object among every connection to it (CAN_MULTI_CONN needs one cache and one flush path);
- * the last connection's release starts a grace period after which the volume is flushed and
- * closed, so a quick reconnect (INFO then GO, nbdinfo's second connection) reuses it.
+ * src/exports.ts serves them over NBD.
  */
 
 import * as fs from 'node:fs';
 import * as fsp from 'node:fs/promises';
 import * as path from 'node:path';
-import type { BlockBackend, ExportHandle, ExportProvider, ExportSummary } from '../nbd/backend.js';
+import type { BlockBackend } from '../nbd/backend.js';
 import { FileBackend } from './backends/file.js';
 import { MemoryBackend } from './backends/memory.js';
-import { AlreadyExistsError, InvalidArgumentError, NotFoundError, ShutdownError, errorMessage } from './errors.js';
-import type { Logger } from './log.js';
-import { formatSize } from './size.js';
+import { AlreadyExistsError, InvalidArgumentError, NotFoundError } from './errors.js';
+import type { Volume } from './volume/volume.js';
 
 export interface VolumeInfo {
   name: string;
@@ -33,6 +29,8 @@ export interface VolumeInfo {
 export interface OpenVolume {
   backend: BlockBackend;
   close(): Promise<void>;
+  /** Set for object-store volumes: the engine, which takes part in leases and fencing. */
+  volume?: Volume;
 }
 
 export interface VolumeCatalog {
@@ -213,109 +211,4 @@ function readOnlyView(b: BlockBackend): BlockBackend {
     blockStatus: (o, l) => b.blockStatus(o, l),
     cache: (o, l) => b.cache(o, l),
   };
-}
-
-// ------------------------------------------------------------------ the NBD provider
-
-interface Served {
-  name: string;
-  refs: number;
-  opening: Promise<OpenVolume>;
-  idleTimer: NodeJS.Timeout | null;
-}
-
-export interface VolumeExportsOptions {
-  readOnly: boolean;
-  /** How long a volume stays open after its last client left. */
-  idleGraceMs: number;
-  log: Logger;
-}
-
-export class VolumeExports implements ExportProvider {
-  private readonly served = new Map<string, Served>();
-  private closing = false;
-
-  constructor(private readonly catalog: VolumeCatalog, private readonly opts: VolumeExportsOptions) {}
-
-  async list(): Promise<ExportSummary[]> {
-    const vols = await this.catalog.list();
-    return vols.map((v) => ({ name: v.name, description: describe(v) }));
-  }
-
-  /** "" (nbd-client without -N) means the only volume, if there is exactly one. */
-  private async resolve(name: string): Promise<string> {
-    if (name !== '') return name;
-    const vols = await this.catalog.list();
-    if (vols.length === 1) return vols[0]!.name;
-    throw new NotFoundError(vols.length === 0
-      ? `no volumes in ${this.catalog.description}; create one with: baton create NAME --size 10G`
-      : `no export name given and there are ${vols.length} volumes; name one (nbd-client -N NAME, nbd://host/NAME): ${vols.map((v) => v.name).join(', ')}`);
-  }
-
-  async open(requested: string): Promise<ExportHandle> {
-    if (this.closing) throw new ShutdownError('server is shutting down');
-    const name = await this.resolve(requested);
-    checkVolumeName(name);
-    let s = this.served.get(name);
-    if (!s) {
-      const opening = this.catalog.open(name, { readOnly: this.opts.readOnly });
-      s = { name, refs: 0, opening, idleTimer: null };
-      this.served.set(name, s);
-      opening.catch(() => { if (this.served.get(name) === s) this.served.delete(name); });
-      opening.then(() => this.opts.log.info({ volume: name }, 'volume opened'), () => {});
-    }
-    s.refs++;
-    if (s.idleTimer) { clearTimeout(s.idleTimer); s.idleTimer = null; }
-    let vol: OpenVolume;
-    try {
-      vol = await s.opening;
-    } catch (err) {
-      s.refs--;
-      throw err;
-    }
-    const info = await this.catalog.info(name).catch(() => null);
-    let released = false;
-    const served = s;
-    return {
-      name,
-      description: info ? describe(info) : name,
-      backend: vol.backend,
-      release: () => {
-        if (released) return;
-        released = true;
-        served.refs--;
-        if (served.refs === 0) served.idleTimer = setTimeout(() => void this.closeIdle(served), this.opts.idleGraceMs);
-      },
-    };
-  }
-
-  private async closeIdle(s: Served): Promise<void> {
-    if (s.refs > 0 || this.served.get(s.name) !== s) return;
-    this.served.delete(s.name);
-    await this.closeVolume(s);
-  }
-
-  private async closeVolume(s: Served): Promise<void> {
-    try {
-      const vol = await s.opening;
-      if (!vol.backend.readOnly) await vol.backend.flush();
-      await vol.close();
-      this.opts.log.info({ volume: s.name }, 'volume closed');
-    } catch (err) {
-      this.opts.log.error({ volume: s.name, err: errorMessage(err) }, 'closing volume failed');
-    }
-  }
-
-  /** Flush and close every open volume (server shutdown, after the sessions ended). */
-  async close(): Promise<void> {
-    this.closing = true;
-    const all = [...this.served.values()];
-    this.served.clear();
-    for (const s of all) if (s.idleTimer) clearTimeout(s.idleTimer);
-    await Promise.all(all.map((s) => this.closeVolume(s)));
-  }
-}
-
-function describe(v: VolumeInfo): string {
-  return `baton volume ${v.name}, ${formatSize(v.size)}`;
 }

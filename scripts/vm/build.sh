@@ -298,9 +298,11 @@ do_detach() { step detach detach && ATTACHED=; }
 
 # --- scenario ext4: the full life of a filesystem on the export, verified from the server's
 # bytes (caches dropped before fsck and before the read-only remount).
+# dd with its error (not its statistics) on failure.
+ddq() { dd "$@" 2>/run/dd.err || { grep -v records /run/dd.err; echo "dd $* failed"; return 1; }; }
 write_files() {
   for n in 1 2; do
-    dd if=/dev/urandom of=/mnt/big$n bs=1M count=16 conv=fsync 2>/dev/null || return 1
+    ddq if=/dev/urandom of=/mnt/big$n bs=1M count=16 conv=fsync || return 1
   done
   # 200 small files (10 B .. 16 KiB) written by shell builtins: a fork per file costs ~8 ms
   # under TCG. Those in small/0 are fsynced one by one (50 jbd2 commits: FLUSH + FUA writes
@@ -310,12 +312,12 @@ write_files() {
     mkdir -p /mnt/small/$d || return 1
     for f in $(seq 0 49); do
       len=$((RANDOM % ${#blob}))
-      printf '%s %s\n' "$d/$f" "${blob:$len}" >/mnt/small/$d/f$f || return 1
+      printf '%s %s\n' "$d/$f" "${blob:$len}" >/mnt/small/$d/f$f || { echo "writing small/$d/f$f failed"; return 1; }
     done
   done
-  sync /mnt/small/0/* || return 1
+  sync /mnt/small/0/* || { echo "fsync of small/0/* failed"; return 1; }
   # Freed blocks for fstrim to find.
-  dd if=/dev/urandom of=/mnt/scratch bs=1M count=1 conv=fsync 2>/dev/null && rm /mnt/scratch
+  ddq if=/dev/urandom of=/mnt/scratch bs=1M count=1 conv=fsync && rm /mnt/scratch
 }
 checksum() {
   (cd /mnt && find . -type f ! -path './lost+found/*' | sort | xargs sha256sum) >/run/sums || return 1
@@ -347,9 +349,13 @@ scenario_ext4() {
 
 # --- scenario readonly: the export is read-only. Reads work; the kernel marks the device
 # read-only and every write (mkfs, a direct write) fails cleanly instead of hanging.
+ro_flag() {
+  ro=$(cat /sys/block/nbd0/ro)
+  [ "$ro" = 1 ] || { echo "nbd0 ro=$ro: the server did not advertise NBD_FLAG_READ_ONLY"; return 1; }
+}
 scenario_readonly() {
   do_attach || return 1
-  step ro-flag test "$(cat /sys/block/nbd0/ro)" = 1 || return 1
+  step ro-flag ro_flag || return 1
   step read dd if=/dev/nbd0 of=/dev/null bs=1M count=8 || return 1
   expect_fail mkfs-refused /opt/bin/mke2fs -t ext4 -F -q /dev/nbd0 || return 1
   expect_fail write-refused dd if=/dev/zero of=/dev/nbd0 bs=4096 count=1 oflag=direct || return 1

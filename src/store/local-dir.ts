@@ -12,7 +12,8 @@
  * Layout, and why:
  * - Key "vol/abc/log/1" is the file `DIR/vol/abc/log/1@`. Objects end in '@' and directories
  *   do not (segments are escaped: '%' -> %25, '@' -> %40, a leading '.' -> %2E), so key "a" and
- *   key "a/b" can coexist: S3 allows both and baton uses both shapes.
+ *   key "a/b" can coexist: S3 allows both and baton uses both shapes. A segment longer than
+ *   254 bytes after escaping is refused (InvalidArgumentError): file names stop at 255.
  * - Each file starts with a fixed 4096-byte header: "BATONOB1", u32be JSON length, JSON
  *   {etag, metadata}, zero padding. Metadata lives inside the object file because one file is
  *   replaced by one rename: a sidecar file could not change atomically with the body, and

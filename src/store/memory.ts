@@ -165,8 +165,8 @@ export class MemoryObjectStore implements ObjectStore {
     }
     keys.sort(compareKeys);
     for (const key of keys) {
-      // Like an S3 page, an object deleted after the listing started may still be reported; one
-      // deleted before we get here is skipped.
+      // The key set is taken when the listing starts (as S3 does per page); an object deleted
+      // since is skipped rather than reported with stale size.
       const e = this.#objects.get(key);
       if (e === undefined) continue;
       yield { key, size: e.body.length, lastModified: e.lastModified };

@@ -269,6 +269,7 @@ export class S3ObjectStore implements ObjectStore {
     }
   }
 
+  /** HEAD answers carry no error body, so a missing bucket looks like a missing key here; get, put and list name it. */
   async head(key: string): Promise<ObjectHead | null> {
     validateKey(key);
     try {

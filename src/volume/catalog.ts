@@ -86,6 +86,6 @@ export class StoreCatalog implements VolumeCatalog {
   async open(name: string, options: { readOnly: boolean }): Promise<OpenVolume> {
     const rec = await this.record(name);
     const vol = await Volume.open(rec, { ...this.opts.volume, store: this.opts.store, cache: await this.opts.cache(), log: this.opts.log, readOnly: options.readOnly });
-    return { backend: vol, close: () => vol.close() };
+    return { backend: vol, close: () => vol.close(), volume: vol };
   }
 }

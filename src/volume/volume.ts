@@ -29,13 +29,18 @@ import type { BlockBackend, Extent, ZeroOptions } from '../../nbd/backend.js';
 import { NBD_STATE_HOLE, NBD_STATE_ZERO } from '../../nbd/constants.js';
 import { ExtentMap, type Piece } from '../../cow/extent-map.js';
 import type { BlockCache } from '../cache.js';
-import { CorruptError, FencedError, PreconditionFailedError, ReadOnlyError, ShutdownError, errorMessage } from '../errors.js';
+import { BatonError, CorruptError, FencedError, LeaseLostError, PreconditionFailedError, ReadOnlyError, ShutdownError, errorMessage } from '../errors.js';
 import type { Logger } from '../log.js';
 import { listAll, type ObjectStore } from '../store/object-store.js';
 import {
   SRC_HOLE, SRC_INLINE, SRC_ZERO, decodeCheckpoint, decodeLogHeader, keys, logHeaderLength, seqFromKey, encodeLogRecord,
   type Checkpoint, type LogHeader, type RecordExtent, type VolumeRecord,
 } from './format.js';
+
+/** The lease token is not above the highest one in the log: re-acquire with `minToken`. */
+export class StaleTokenError extends BatonError {
+  constructor(readonly minToken: number, message: string) { super('BATON_ERR_LEASE_LOST', message); }
+}
 
 // ------------------------------------------------------------------ map values
 
@@ -165,22 +170,36 @@ export class Volume implements BlockBackend {
     const t0 = Date.now();
     const cps = await listAll(this.store, keys.checkpointPrefix(this.id));
     let fromSeq = 0;
-    let maxToken = 0;
     // Newest checkpoint first; a checkpoint that fails to load is skipped, not trusted.
     for (const cp of cps.reverse()) {
       try {
         const c = decodeCheckpoint(await this.store.get(cp.key), cp.key);
         this.loadCheckpoint(c);
         fromSeq = c.seq;
-        maxToken = c.token;
+        this.highestTokenSeen = c.token;
         break;
       } catch (err) {
         this.log.warn({ key: cp.key, err: errorMessage(err) }, 'skipping unreadable checkpoint');
       }
     }
     this.lastCheckpointSeq = fromSeq;
-    const logs = await listAll(this.store, keys.logPrefix(this.id), fromSeq > 0 ? { startAfter: keys.log(this.id, fromSeq) } : {});
-    let expect = fromSeq + 1;
+    this.nextSeq = fromSeq + 1;
+    const replayed = await this.replayLog();
+    this.log.info({ seq: this.nextSeq - 1, checkpoint: fromSeq, replayed, extents: this.committed.size, ms: Date.now() - t0 }, 'volume recovered');
+  }
+
+  /**
+   * Apply every log record after the ones already applied. Used by recovery and when a
+   * create-only put finds its position taken (to learn what the other writer committed).
+   *
+   * Token rule (belt and braces; by construction it cannot trigger, see takeover()): once a
+   * takeover record with token T is in the log, a later record with a token below T comes
+   * from a fenced writer and is ignored.
+   */
+  private async replayLog(): Promise<number> {
+    const after = this.nextSeq - 1;
+    const logs = await listAll(this.store, keys.logPrefix(this.id), after > 0 ? { startAfter: keys.log(this.id, after) } : {});
+    let expect = this.nextSeq;
     // Fetch headers with bounded parallelism, apply strictly in order.
     const headers = await mapLimit(logs, 16, (o) => this.readLogHeader(o.key, o.size));
     for (let i = 0; i < logs.length; i++) {
@@ -189,17 +208,86 @@ export class Volume implements BlockBackend {
       if (seq !== expect) throw new CorruptError(`volume ${this.name}: log record ${expect} is missing (found ${seq}); refusing to guess`);
       const { header, dataStart } = headers[i]!;
       if (header.seq !== seq || header.volumeId !== this.id) throw new CorruptError(`${o.key}: header says seq ${header.seq} of volume ${header.volumeId}`);
-      this.applyRecord(o.key, header, dataStart, o.size);
-      maxToken = Math.max(maxToken, header.token);
+      if (header.token < this.highestTokenSeen && header.kind === 'commit') {
+        this.log.error({ seq, token: header.token, fence: this.highestTokenSeen }, 'ignoring a log record from a fenced writer');
+        this.objectSizes.set(o.key, o.size);
+      } else {
+        this.applyRecord(o.key, header, dataStart, o.size);
+        if (header.kind === 'takeover') this.highestTokenSeen = Math.max(this.highestTokenSeen, header.token);
+      }
       expect++;
     }
     this.nextSeq = expect;
-    this.highestTokenSeen = maxToken;
-    this.log.info({ seq: this.nextSeq - 1, checkpoint: fromSeq, replayed: logs.length, extents: this.committed.size, ms: Date.now() - t0 }, 'volume recovered');
+    return logs.length;
   }
 
-  /** Highest fencing token in the log (the lease layer refuses to write under a lower one). */
+  /**
+   * Highest fencing token of a takeover record in the log. A writer must hold a larger one:
+   * the lease layer refuses (and re-acquires with a larger token) otherwise, which is what
+   * keeps tokens growing even if Redis lost its data.
+   */
   highestTokenSeen = 0;
+
+  /**
+   * The new holder's first act: commit a takeover record with its token at the next log
+   * position (create-only). From then on any commit by an older holder fails, because the
+   * position it would write is taken (it can only ever write at the position after its own
+   * last commit, and this record sits at or before it). If the position is taken, another
+   * writer committed there first: learn its records and try the next position.
+   *
+   * Why this fences, case by case (the lease decides who should write; this decides who can):
+   * - Paused holder (SIGSTOP, GC pause): when it resumes, its next commit targets a position
+   *   at or before our takeover record: the create-only put fails, it fences itself.
+   * - Partitioned holder (cannot reach Redis): its renewals fail, it stops acknowledging at
+   *   validUntil (before the TTL can expire), and any commit it still sends loses as above.
+   * - Redis restart or data loss: two hosts may both get "the lease", maybe with a repeated
+   *   token. Tokens below the log's highest are refused (re-acquired higher); two hosts with
+   *   leases still serialize on log positions: whichever commits second at a position is
+   *   fenced, and it never acknowledged that commit.
+   * - Two hosts racing to acquire: Redis lets one win; if both believed they won, the
+   *   create-only takeover puts still order them, and the earlier one is fenced by the later.
+   */
+  async takeover(token: number): Promise<void> {
+    for (let attempt = 0; attempt < 20; attempt++) {
+      if (token <= this.highestTokenSeen) {
+        throw new StaleTokenError(this.highestTokenSeen, `token ${token} is not above the log's ${this.highestTokenSeen}`);
+      }
+      const seq = this.nextSeq;
+      const header: LogHeader = {
+        v: 1, kind: 'takeover', seq, volumeId: this.id, token, time: new Date().toISOString(), segments: [], extents: [], inlineLength: 0,
+      };
+      const { body, dataStart } = encodeLogRecord(header, []);
+      const key = keys.log(this.id, seq);
+      try {
+        await this.store.put(key, body, { ifNoneMatch: true, metadata: { 'baton-put-id': randomBytes(8).toString('hex') } });
+      } catch (err) {
+        if (!(err instanceof PreconditionFailedError)) throw err;
+        await this.replayLog();
+        continue;
+      }
+      this.applyRecord(key, header, dataStart, body.length);
+      this.nextSeq = seq + 1;
+      this.highestTokenSeen = token;
+      this.token = token;
+      this.log.info({ seq, token }, 'takeover record committed');
+      return;
+    }
+    throw new FencedError(`volume ${this.name}: could not commit a takeover record (the log keeps moving: is another host writing?)`);
+  }
+
+  /** The lease's local deadline: past it this host acknowledges no write and no flush. */
+  setWriteDeadline(deadline: () => number): void {
+    this.writeDeadline = deadline;
+  }
+
+  private writeDeadline: (() => number) | null = null;
+
+  private checkDeadline(): void {
+    if (this.writeDeadline && performance.now() >= this.writeDeadline()) {
+      this.fence('the lease could not be renewed in time');
+      throw new LeaseLostError(`volume ${this.name}: this host's lease expired; writes are refused (reattach to serve it again)`);
+    }
+  }
 
   private async readLogHeader(key: string, size: number): Promise<{ header: LogHeader; dataStart: number }> {
     const first = Math.min(size, 64 * 1024);
@@ -312,6 +400,8 @@ export class Volume implements BlockBackend {
 
   private checkWritable(): void {
     if (this.fencedError) throw this.fencedError;
+    if (this.draining) throw new ShutdownError(`volume ${this.name} is being handed to another host`);
+    this.checkDeadline();
     if (this.readOnly) throw new ReadOnlyError(`volume ${this.name} is open read-only`);
     if (this.closed) throw new ShutdownError(`volume ${this.name} is closed`);
   }
@@ -428,6 +518,7 @@ export class Volume implements BlockBackend {
       this.arenaUsed = 0;
     }
     if (this.sealed.length === 0) return;
+    this.checkDeadline();
     if (this.ambiguous) await this.resolveAmbiguous();
     if (this.sealed.length === 0) return;
 
@@ -510,6 +601,9 @@ export class Volume implements BlockBackend {
     }
     this.ambiguous = null;
     apply();
+    // It landed, and is in the log for everyone; but if our lease ran out meanwhile, we do
+    // not vouch for it to the client (EIO never claims the data is absent).
+    this.checkDeadline();
     this.log.debug({ seq, segments: segments.length, inline: inlineLength, extents: extents.length }, 'committed');
   }
 
@@ -534,6 +628,11 @@ export class Volume implements BlockBackend {
     this.log.error({ reason }, 'volume fenced: refusing further writes');
     this.wakeWriters();
   }
+
+  private draining = false;
+
+  /** Graceful handoff: refuse new writes (ESHUTDOWN) from now on; flush still works. */
+  drain(): void { this.draining = true; }
 
   /** For the lease layer: stop writing now (lease lost or handed over). */
   fenceLocally(reason: string): void { this.fence(reason); }
@@ -560,7 +659,7 @@ export class Volume implements BlockBackend {
       ext.push([e.offset, e.length, idx, v.off]);
     }
     const cp: Checkpoint = {
-      v: 1, volumeId: this.id, seq, token: Math.max(this.token, this.highestTokenSeen), time: new Date().toISOString(),
+      v: 1, volumeId: this.id, seq, token: this.highestTokenSeen, time: new Date().toISOString(),
       objects: [...objects.keys()].map((k) => [k, this.objectSizes.get(k) ?? 0]), extents: ext,
     };
     this.checkpointing = true;

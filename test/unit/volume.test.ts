@@ -235,3 +235,63 @@ test('memory stays bounded: writes wait for commits instead of growing without l
   const v2 = await open();
   same(t, await v2.read(100 * 256 * 1024, 256 * 1024), pattern(100, 256 * 1024));
 });
+
+test('takeover: the new holder\'s record fences the old holder, whatever it still sends', async (t) => {
+  const store = new MemoryObjectStore();
+  const { open } = await setup(store);
+  const a = await open();
+  await a.takeover(1);
+  await a.write(0, Buffer.alloc(4096, 0xa1), false);
+  await a.flush();
+  await a.write(4096, Buffer.alloc(4096, 0xa2), false); // A's unflushed write, "paused" here
+  const b = await open();
+  await b.takeover(2);
+  await b.write(0, Buffer.alloc(4096, 0xb1), false);
+  await b.flush();
+  // A resumes: its commit targets a position B already holds.
+  await t.throwsAsync(a.flush(), { instanceOf: FencedError });
+  await t.throwsAsync(a.write(8192, Buffer.alloc(10), false), { instanceOf: FencedError });
+  const c = await open();
+  same(t, await c.read(0, 4096), Buffer.alloc(4096, 0xb1));
+  same(t, await c.read(4096, 4096), Buffer.alloc(4096), 'nothing A wrote after the takeover is visible');
+  t.is(c.highestTokenSeen, 2);
+});
+
+test('takeover with a token the log has already seen is refused (Redis lost data)', async (t) => {
+  const store = new MemoryObjectStore();
+  const { open } = await setup(store);
+  const a = await open();
+  await a.takeover(5);
+  const b = await open();
+  const err = await t.throwsAsync(b.takeover(5));
+  t.is((err as { minToken?: number }).minToken, 5);
+  await b.takeover(6);
+  t.is(b.highestTokenSeen, 6);
+});
+
+test('takeover racing a late commit of the old holder lands after it', async (t) => {
+  const store = new MemoryObjectStore();
+  const { open } = await setup(store);
+  const a = await open();
+  await a.takeover(1);
+  const b = await open(); // recovered before A's last commit
+  await a.write(0, Buffer.alloc(4096, 0xaa), false);
+  await a.flush(); // lands at the position B would take
+  await b.takeover(2); // finds it taken, learns A's record, takes the next one
+  same(t, await b.read(0, 4096), Buffer.alloc(4096, 0xaa), 'the acknowledged write before the takeover is kept');
+  await t.throwsAsync(async () => { await a.write(0, Buffer.alloc(4096, 1), false); await a.flush(); }, { instanceOf: FencedError });
+});
+
+test('past the lease deadline a volume acknowledges no write and no flush', async (t) => {
+  const store = new MemoryObjectStore();
+  const { open } = await setup(store);
+  const v = await open();
+  await v.takeover(1);
+  let deadline = performance.now() + 60_000;
+  v.setWriteDeadline(() => deadline);
+  await v.write(0, Buffer.alloc(512, 1), false);
+  deadline = performance.now() - 1;
+  await t.throwsAsync(v.flush());
+  await t.throwsAsync(v.write(0, Buffer.alloc(512, 2), false));
+  t.true(v.isFenced);
+});
