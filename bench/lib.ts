@@ -848,7 +848,7 @@ export async function attachExt4(uri: string, dir: string, o: { mkfs?: boolean; 
   return { mnt, dev, seconds, teardown };
 }
 
-// ------------------------------------------------------------------ a minimal NBD client (time to first read)
+// ------------------------------------------------------------------ a minimal NBD client (time to first read, stall probe)
 
 export interface FirstReadTimes {
   /** performance.now() when the socket connected, the handshake (OPT_GO) finished, the READ reply arrived. */
@@ -859,44 +859,65 @@ export interface FirstReadTimes {
 }
 
 /**
- * Connect to a Unix-socket NBD server (retrying until it listens, up to timeoutMs), negotiate
- * fixed newstyle + NBD_OPT_GO for `exportName` (no structured replies), READ `length` bytes at
- * `offset`, disconnect. For measuring the time to the first answered READ of a server that is
- * just starting; frames are the ones in the NBD protocol spec (proto.md).
+ * A minimal NBD client over a Unix socket: fixed newstyle, NBD_OPT_GO (no structured replies),
+ * simple READs one at a time, DISC. Frames as in the NBD protocol spec (proto.md). For timing
+ * what a server does when it is just starting, and for probing how long a busy server takes
+ * to answer a trivial request (a stalled event loop shows up as a slow READ).
  */
-export async function nbdReadOnce(socket: string, exportName: string, offset: number, length: number, timeoutMs = 60_000): Promise<FirstReadTimes> {
-  const deadline = Date.now() + timeoutMs;
-  let sock: net.Socket;
-  for (;;) {
-    const s = await new Promise<net.Socket | null>((resolve) => {
-      const c = net.connect(socket);
-      c.once('connect', () => { c.removeAllListeners('error'); resolve(c); });
-      c.once('error', () => { c.destroy(); resolve(null); });
-    });
-    if (s) { sock = s; break; }
-    if (Date.now() > deadline) throw new Error(`nbd: ${socket} did not accept a connection in ${timeoutMs} ms`);
-    await new Promise((r) => setTimeout(r, 5));
+export class NbdClient {
+  private buf: Buffer = Buffer.alloc(0);
+  private waiter: (() => void) | null = null;
+  private failed: Error | null = null;
+  private handle = 1n;
+  connectedAt = NaN;
+  goAt = NaN;
+
+  private constructor(private readonly sock: net.Socket) {
+    sock.on('data', (d: Buffer) => { this.buf = this.buf.length ? Buffer.concat([this.buf, d]) : d; this.waiter?.(); });
+    sock.on('error', (e) => { this.failed = e; this.waiter?.(); });
+    sock.on('close', () => { this.failed ??= new Error('nbd: server closed the connection'); this.waiter?.(); });
   }
-  const connectedAt = performance.now();
-  let buf = Buffer.alloc(0);
-  let waiter: (() => void) | null = null;
-  let failed: Error | null = null;
-  sock.on('data', (d: Buffer) => { buf = Buffer.concat([buf, d]); waiter?.(); });
-  sock.on('error', (e) => { failed = e; waiter?.(); });
-  sock.on('close', () => { failed ??= new Error('nbd: server closed the connection'); waiter?.(); });
-  const take = async (n: number): Promise<Buffer> => {
-    while (buf.length < n) {
-      if (failed) throw failed;
-      if (Date.now() > deadline) throw new Error('nbd: timed out waiting for the server');
-      await new Promise<void>((res) => { waiter = res; setTimeout(res, 1000); });
-      waiter = null;
+
+  /** Connect (retrying every 5 ms until the socket accepts, up to timeoutMs) and negotiate `exportName`. */
+  static async connect(socket: string, exportName: string, timeoutMs = 60_000): Promise<NbdClient> {
+    const deadline = Date.now() + timeoutMs;
+    let sock: net.Socket;
+    for (;;) {
+      const s = await new Promise<net.Socket | null>((resolve) => {
+        const c = net.connect(socket);
+        c.once('connect', () => { c.removeAllListeners('error'); resolve(c); });
+        c.once('error', () => { c.destroy(); resolve(null); });
+      });
+      if (s) { sock = s; break; }
+      if (Date.now() > deadline) throw new Error(`nbd: ${socket} did not accept a connection in ${timeoutMs} ms`);
+      await new Promise((r) => setTimeout(r, 5));
     }
-    const out = buf.subarray(0, n);
-    buf = buf.subarray(n);
+    const c = new NbdClient(sock);
+    c.connectedAt = performance.now();
+    try {
+      await c.handshake(exportName, deadline);
+    } catch (e) {
+      sock.destroy();
+      throw e;
+    }
+    c.goAt = performance.now();
+    return c;
+  }
+
+  private async take(n: number, deadline: number): Promise<Buffer> {
+    while (this.buf.length < n) {
+      if (this.failed) throw this.failed;
+      if (Date.now() > deadline) throw new Error('nbd: timed out waiting for the server');
+      await new Promise<void>((res) => { this.waiter = res; setTimeout(res, 1000).unref(); });
+      this.waiter = null;
+    }
+    const out = this.buf.subarray(0, n);
+    this.buf = this.buf.subarray(n);
     return out;
-  };
-  try {
-    const greeting = await take(18);
+  }
+
+  private async handshake(exportName: string, deadline: number): Promise<void> {
+    const greeting = await this.take(18, deadline);
     if (greeting.readBigUInt64BE(0) !== 0x4e42444d41474943n || greeting.readBigUInt64BE(8) !== 0x49484156454f5054n) throw new Error('nbd: not a newstyle server');
     const clientFlags = Buffer.alloc(4);
     clientFlags.writeUInt32BE(1 | 2, 0); // FIXED_NEWSTYLE | NO_ZEROES
@@ -909,37 +930,89 @@ export async function nbdReadOnce(socket: string, exportName: string, offset: nu
     opt.writeBigUInt64BE(0x49484156454f5054n, 0);
     opt.writeUInt32BE(7, 8); // NBD_OPT_GO
     opt.writeUInt32BE(data.length, 12);
-    sock.write(Buffer.concat([clientFlags, opt, data]));
+    this.sock.write(Buffer.concat([clientFlags, opt, data]));
     for (;;) {
-      const h = await take(20);
+      const h = await this.take(20, deadline);
       const type = h.readUInt32BE(12);
-      const len = h.readUInt32BE(16);
-      const body = await take(len);
-      if (type === 1) break; // ACK
-      if (type & 0x80000000) throw new Error(`nbd: OPT_GO refused (0x${type.toString(16)}): ${body.subarray(0).toString('utf8')}`);
+      const body = await this.take(h.readUInt32BE(16), deadline);
+      if (type === 1) return; // ACK
+      if (type & 0x80000000) throw new Error(`nbd: OPT_GO refused (0x${type.toString(16)}): ${body.toString('utf8')}`);
     }
-    const goAt = performance.now();
+  }
+
+  /** One READ (nothing else in flight); resolves with the data when its reply arrived. */
+  async read(offset: number, length: number, timeoutMs = 60_000): Promise<Buffer> {
+    const deadline = Date.now() + timeoutMs;
     const req = Buffer.alloc(28);
     req.writeUInt32BE(0x25609513, 0);
     req.writeUInt16BE(0, 4);
     req.writeUInt16BE(0, 6); // READ
-    req.writeBigUInt64BE(1n, 8);
+    req.writeBigUInt64BE(this.handle++, 8);
     req.writeBigUInt64BE(BigInt(offset), 16);
     req.writeUInt32BE(length, 24);
-    sock.write(req);
-    const rep = await take(16);
+    this.sock.write(req);
+    const rep = await this.take(16, deadline);
     if (rep.readUInt32BE(0) !== 0x67446698) throw new Error('nbd: unexpected reply magic');
     const err = rep.readUInt32BE(4);
     if (err !== 0) throw new Error(`nbd: READ failed, errno ${err}`);
-    const payload = Buffer.from(await take(length));
-    const readAt = performance.now();
+    return Buffer.from(await this.take(length, deadline));
+  }
+
+  /** NBD_CMD_DISC and close. */
+  close(): void {
     const disc = Buffer.alloc(28);
     disc.writeUInt32BE(0x25609513, 0);
     disc.writeUInt16BE(2, 6); // DISC
-    disc.writeBigUInt64BE(2n, 8);
-    sock.end(disc);
-    return { connectedAt, goAt, readAt, data: payload };
-  } finally {
-    sock.destroy();
+    disc.writeBigUInt64BE(this.handle++, 8);
+    try { this.sock.end(disc); } catch { /* gone */ }
+    setTimeout(() => this.sock.destroy(), 1000).unref();
   }
+}
+
+/**
+ * Connect to a Unix-socket NBD server (retrying until it listens), negotiate `exportName`,
+ * READ `length` bytes at `offset`, disconnect: the time to the first answered READ of a server
+ * that is just starting.
+ */
+export async function nbdReadOnce(socket: string, exportName: string, offset: number, length: number, timeoutMs = 60_000): Promise<FirstReadTimes> {
+  const c = await NbdClient.connect(socket, exportName, timeoutMs);
+  try {
+    const data = await c.read(offset, length, timeoutMs);
+    return { connectedAt: c.connectedAt, goAt: c.goAt, readAt: performance.now(), data };
+  } finally {
+    c.close();
+  }
+}
+
+export interface StallProbe {
+  /** Stop probing; resolves with the latency (ms) of every probe READ. */
+  stop(): Promise<number[]>;
+}
+
+/**
+ * Every `intervalMs`, one 4 KiB READ at `offset` on its own connection, one at a time: how
+ * long a server leaves a trivial request waiting while it is busy with something else (for a
+ * single-threaded server, its longest event-loop stalls). Choose an offset that is never
+ * written, so the READ needs no store or disk access.
+ */
+export async function startStallProbe(socket: string, exportName: string, offset: number, intervalMs = 50): Promise<StallProbe> {
+  const c = await NbdClient.connect(socket, exportName, 30_000);
+  const lat: number[] = [];
+  let stopping = false;
+  const loop = (async () => {
+    while (!stopping) {
+      const t = performance.now();
+      try { await c.read(offset, 4096, 120_000); } catch { break; }
+      lat.push(performance.now() - t);
+      await new Promise((r) => setTimeout(r, intervalMs));
+    }
+  })();
+  return {
+    stop: async () => {
+      stopping = true;
+      await loop;
+      c.close();
+      return lat;
+    },
+  };
 }

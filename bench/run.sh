@@ -1,11 +1,26 @@
 #!/usr/bin/env bash
 # Macro-benchmarks (`npm run bench`): build, then run each scenario. Knobs are environment
 # variables, see bench/README.md: SIZE (1G), RUNTIME (fio seconds, 10), REPEAT (1),
-# LOCAL (1), PROFILE (0). Results land in bench/results/ (table .md, everything .json).
+# LOCAL (1), PROFILE (0) for nbd-throughput; STEPS, FLUSH_RUNTIME, LATENCY_MS, COPY_SIZE … for
+# volume. SCENARIOS picks scenarios (default: "nbd-throughput volume"). Results land in
+# bench/results/ (table .md, everything .json).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! npx tsc -p .; then
   echo "bench: the full build has type errors (above); building only bench/ and cli/ (bench/tsconfig.json)" >&2
   npx tsc -p bench/tsconfig.json
 fi
-node dist/bench/nbd-throughput.js
+failed=()
+for s in ${SCENARIOS:-nbd-throughput volume}; do
+  if [[ "$s" == volume ]] && { [[ $EUID -ne 0 ]] || ! command -v radosgw >/dev/null; }; then
+    # radosgw (scripts/rgw.sh) and losetup/mount for ext4 over nbdfuse.
+    echo "bench: skipping volume: it needs root and radosgw (scripts/install-deps.sh)" >&2
+    continue
+  fi
+  echo "bench: $s" >&2
+  node "dist/bench/$s.js" || failed+=("$s")
+done
+if (( ${#failed[@]} > 0 )); then
+  echo "bench: failed: ${failed[*]}" >&2
+  exit 1
+fi

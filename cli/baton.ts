@@ -60,7 +60,18 @@ function printJson(v: unknown): void {
 }
 
 function volumeJson(v: VolumeInfo): Record<string, unknown> {
-  return { name: v.name, size: v.size, createdAt: v.createdAt, storedBytes: v.storedBytes };
+  return {
+    name: v.name, kind: v.kind ?? 'volume', size: v.size, createdAt: v.createdAt, storedBytes: v.storedBytes,
+    ...(v.parent ? { parent: v.parent } : {}),
+    ...(v.writtenBytes !== undefined ? { writtenBytes: v.writtenBytes, exclusiveBytes: v.exclusiveBytes, sharedBytes: v.sharedBytes } : {}),
+  };
+}
+
+/** The engine's catalog, or a clear error for the plain backends. */
+function storeCatalog(o: StoreFlags, what: string): StoreCatalog {
+  const c = catalogFor(o);
+  if (!(c instanceof StoreCatalog)) throw new BatonError('BATON_ERR_INVALID_ARGUMENT', `${what} needs an object store (file:DIR, s3://, memory:), not ${o.store}`);
+  return c;
 }
 
 const program = new Command()
@@ -160,10 +171,12 @@ withStore(program.command('ls')
   .option('--json', 'print a JSON array')
   .addHelpText('after', '\nExamples:\n  $ baton ls\n  $ baton ls --json | jq -r \'.[].name\'')
   .action(async (opts: StoreFlags & { json?: boolean }) => {
-    const vols = await catalogFor(opts).list();
+    const c = catalogFor(opts);
+    const vols = c instanceof StoreCatalog ? await c.listWithAccounting() : await c.list();
     if (opts.json) { printJson(vols.map(volumeJson)); return; }
     if (vols.length === 0) { process.stdout.write(`no volumes in ${opts.store} (create one: baton create NAME --size 10G)\n`); return; }
-    const rows = [['NAME', 'SIZE', 'STORED', 'CREATED'], ...vols.map((v) => [v.name, formatSize(v.size), formatSize(v.storedBytes), v.createdAt])];
+    const fmt = (n: number | undefined): string => (n === undefined ? '-' : formatSize(n));
+    const rows = [['NAME', 'SIZE', 'STORED', 'WRITTEN', 'EXCLUSIVE', 'SHARED', 'CREATED'], ...vols.map((v) => [v.name, formatSize(v.size), formatSize(v.storedBytes), fmt(v.writtenBytes), fmt(v.exclusiveBytes), fmt(v.sharedBytes), v.createdAt])];
     const widths = rows[0]!.map((_, i) => Math.max(...rows.map((r) => r[i]!.length)));
     for (const r of rows) process.stdout.write(r.map((c, i) => c.padEnd(widths[i]!)).join('  ').trimEnd() + '\n');
   });
@@ -174,9 +187,19 @@ withStore(program.command('info')
   .option('--json', 'print JSON')
   .addHelpText('after', '\nExamples:\n  $ baton info work\n  $ baton info work --json')
   .action(async (name: string, opts: StoreFlags & { json?: boolean }) => {
-    const v = await catalogFor(opts).info(name);
+    const c = catalogFor(opts);
+    const v = c instanceof StoreCatalog ? (await c.listWithAccounting()).find((x) => x.name === name) ?? await c.info(name) : await c.info(name);
     if (opts.json) { printJson(volumeJson(v)); return; }
-    process.stdout.write(`name:     ${v.name}\nsize:     ${formatSize(v.size)} (${v.size} bytes)\nstored:   ${formatSize(v.storedBytes)}\ncreated:  ${v.createdAt}\nstore:    ${opts.store}\n`);
+    const lines = [
+      `name:      ${v.name}${v.kind === 'snapshot' ? ' (snapshot, read-only)' : ''}`,
+      `size:      ${formatSize(v.size)} (${v.size} bytes)`,
+      `stored:    ${formatSize(v.storedBytes)} under its own prefix`,
+      ...(v.writtenBytes !== undefined ? [`written:   ${formatSize(v.writtenBytes)} mapped`, `exclusive: ${formatSize(v.exclusiveBytes ?? 0)} (freed if it is removed)`, `shared:    ${formatSize(v.sharedBytes ?? 0)} with forks and snapshots`] : []),
+      ...(v.parent ? [`forked:    from volume id ${v.parent.id} at log record ${v.parent.seq}`] : []),
+      `created:   ${v.createdAt}`,
+      `store:     ${opts.store}`,
+    ];
+    process.stdout.write(lines.join('\n') + '\n');
   });
 
 withStore(program.command('rm')
@@ -184,8 +207,60 @@ withStore(program.command('rm')
   .argument('<name>'))
   .addHelpText('after', '\nExamples:\n  $ baton rm scratch')
   .action(async (name: string, opts: StoreFlags) => {
-    await catalogFor(opts).remove(name);
-    process.stdout.write(`removed volume ${name}\n`);
+    const r = await catalogFor(opts).remove(name);
+    process.stdout.write(r.keptForRelatives
+      ? `removed ${name}; its data stays in the store because forks or snapshots still use it\n`
+      : `removed ${name}\n`);
+  });
+
+withStore(program.command('fork')
+  .description('fork a volume (or NAME@SNAP) into a new writable volume, in O(1): no data is copied')
+  .argument('<src>', 'volume or snapshot to fork')
+  .argument('<dst>', 'name of the new volume'))
+  .option('--json', 'print the new volume as JSON')
+  .addHelpText('after', `
+The fork starts at the source's last acknowledged flush, even while the source is served and
+being written; it includes every write a FLUSH acknowledged before the fork, and nothing
+unflushed. Parent and fork then diverge independently and share unchanged data.
+
+Examples:
+  $ baton fork work attempt-1
+  $ baton fork work@before-upgrade rollback`)
+  .action(async (src: string, dst: string, opts: StoreFlags & { json?: boolean }) => {
+    const t0 = performance.now();
+    const v = await storeCatalog(opts, 'fork').fork(src, dst);
+    if (opts.json) printJson({ ...volumeJson(v), ms: Math.round(performance.now() - t0) });
+    else process.stdout.write(`forked ${src} into ${dst} (at log record ${v.parent?.seq ?? 0}) in ${Math.round(performance.now() - t0)} ms\n`);
+  });
+
+withStore(program.command('snapshot')
+  .description('take a read-only point-in-time snapshot NAME@SNAP (servable read-only, forkable)')
+  .argument('<name>', 'volume')
+  .argument('<snap>', 'snapshot name'))
+  .option('--json', 'print the snapshot as JSON')
+  .addHelpText('after', `
+Examples:
+  $ baton snapshot work before-upgrade
+  $ nbdinfo nbd://127.0.0.1/work@before-upgrade      # served read-only
+  $ baton fork work@before-upgrade rollback`)
+  .action(async (name: string, snap: string, opts: StoreFlags & { json?: boolean }) => {
+    const v = await storeCatalog(opts, 'snapshot').snapshot(name, snap);
+    if (opts.json) printJson(volumeJson(v));
+    else process.stdout.write(`snapshot ${v.name} taken (log record ${v.parent?.seq ?? 0})\n`);
+  });
+
+withStore(program.command('diff')
+  .description('byte ranges that differ between two volumes or snapshots that share history (from the maps; no data is read)')
+  .argument('<a>')
+  .argument('<b>'))
+  .option('--json', 'print JSON')
+  .addHelpText('after', '\nExamples:\n  $ baton diff work attempt-1\n  $ baton diff work@monday work --json')
+  .action(async (a: string, b: string, opts: StoreFlags & { json?: boolean }) => {
+    const ranges = await storeCatalog(opts, 'diff').diff(a, b);
+    const total = ranges.reduce((n, r) => n + r.length, 0);
+    if (opts.json) { printJson({ a, b, differentBytes: total, ranges }); return; }
+    for (const r of ranges) process.stdout.write(`${r.offset}\t${r.length}\n`);
+    process.stderr.write(`${ranges.length} ranges, ${formatSize(total)} differ\n`);
   });
 
 interface LeaseFlags { redis?: string; leaseTtl: number; hostId: string }

@@ -27,7 +27,7 @@ import type { Lease, LeaseManager } from './lease/lease.js';
 import type { Logger } from './log.js';
 import { formatSize } from './size.js';
 import { StaleTokenError } from './volume/volume.js';
-import { checkVolumeName, type OpenVolume, type VolumeCatalog, type VolumeInfo } from './volumes.js';
+import { checkExportName, isSnapshotName, type OpenVolume, type VolumeCatalog, type VolumeInfo } from './volumes.js';
 
 export type OnHeld = 'refuse' | 'wait' | 'takeover';
 
@@ -89,7 +89,7 @@ export class VolumeExports implements ExportProvider {
   async open(requested: string): Promise<ExportHandle> {
     if (this.closing) throw new ShutdownError('server is shutting down');
     const name = await this.resolve(requested);
-    checkVolumeName(name);
+    checkExportName(name);
     let s = this.served.get(name);
     if (!s) {
       const opening = this.openServed(name);
@@ -139,7 +139,8 @@ export class VolumeExports implements ExportProvider {
 
   private async openServed(name: string): Promise<{ ov: OpenVolume; lease: Lease | null }> {
     const lc = this.opts.lease;
-    if (this.opts.readOnly || !lc) return { ov: await this.catalog.open(name, { readOnly: this.opts.readOnly }), lease: null };
+    // Snapshots are read-only: no lease, any number of hosts may serve them.
+    if (this.opts.readOnly || !lc || isSnapshotName(name)) return { ov: await this.catalog.open(name, { readOnly: this.opts.readOnly || isSnapshotName(name) }), lease: null };
     let lease = await this.acquire(name, lc, 0);
     let ov: OpenVolume | null = null;
     try {

@@ -22,8 +22,17 @@ export interface VolumeInfo {
   name: string;
   size: number;
   createdAt: string;
-  /** Bytes the store holds for this volume. */
+  /** Bytes the store holds under this volume's own prefix. */
   storedBytes: number;
+  kind?: 'volume' | 'snapshot';
+  /** For forks and snapshots: the volume id and log position they started from. */
+  parent?: { id: string; seq: number };
+  /** Space accounting from the maps (object-store volumes): data bytes mapped... */
+  writtenBytes?: number;
+  /** ...of which no other volume or snapshot maps the same stored bytes... */
+  exclusiveBytes?: number;
+  /** ...and of which at least one relative maps them too. */
+  sharedBytes?: number;
 }
 
 export interface OpenVolume {
@@ -33,12 +42,15 @@ export interface OpenVolume {
   volume?: Volume;
 }
 
+export interface RemoveResult { deletedObjects: number; keptForRelatives: boolean }
+
 export interface VolumeCatalog {
   readonly description: string;
   create(name: string, size: number): Promise<VolumeInfo>;
   list(): Promise<VolumeInfo[]>;
   info(name: string): Promise<VolumeInfo>;
-  remove(name: string): Promise<void>;
+  /** Removes the volume; says whether its stored data had to stay for relatives (forks). */
+  remove(name: string): Promise<RemoveResult>;
   open(name: string, options: { readOnly: boolean }): Promise<OpenVolume>;
 }
 
@@ -48,6 +60,19 @@ export function checkVolumeName(name: string): void {
   if (!NAME_RE.test(name)) {
     throw new InvalidArgumentError(`invalid volume name "${name}": use 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit`);
   }
+}
+
+/** A volume name, or a snapshot name NAME@SNAP (both parts volume-name shaped). */
+export function checkExportName(name: string): void {
+  const at = name.indexOf('@');
+  if (at < 0) { checkVolumeName(name); return; }
+  checkVolumeName(name.slice(0, at));
+  const snap = name.slice(at + 1);
+  if (!NAME_RE.test(snap)) throw new InvalidArgumentError(`invalid snapshot name "${snap}" in "${name}": use letters, digits, '.', '_' or '-'`);
+}
+
+export function isSnapshotName(name: string): boolean {
+  return name.includes('@');
 }
 
 export function checkVolumeSize(size: number): void {
@@ -137,13 +162,14 @@ export class FileCatalog implements VolumeCatalog {
     return { name: rec.name, size: rec.size, createdAt: rec.createdAt, storedBytes: st.blocks * 512 };
   }
 
-  async remove(name: string): Promise<void> {
+  async remove(name: string): Promise<RemoveResult> {
     await this.info(name);
     const dir = this.volDir(name);
     // Remove the record first: from then on the volume does not exist, whatever is left.
     await fsp.rm(path.join(dir, 'volume.json'));
     await fsp.rm(dir, { recursive: true, force: true });
     await syncDir(this.volumesDir);
+    return { deletedObjects: 1, keptForRelatives: false };
   }
 
   async open(name: string, options: { readOnly: boolean }): Promise<OpenVolume> {
@@ -185,9 +211,10 @@ export class MemoryCatalog implements VolumeCatalog {
 
   async info(name: string): Promise<VolumeInfo> { return this.infoSync(name); }
 
-  async remove(name: string): Promise<void> {
+  async remove(name: string): Promise<RemoveResult> {
     this.infoSync(name);
     this.volumes.delete(name);
+    return { deletedObjects: 0, keptForRelatives: false };
   }
 
   async open(name: string, options: { readOnly: boolean }): Promise<OpenVolume> {

@@ -3,6 +3,9 @@
  * modified; the only "mutation" is creating the next log position, with a create-only put.
  *
  *   volumes/<name>                     volume record (JSON): id, size. Create-only: names are unique.
+ *   volumes/<name>@<snap>              snapshot record: read-only, a pointer to (volume id, log seq).
+ *   vol/<id>/meta                      a copy of the record under the id, so a fork can find its
+ *                                      parent's ancestry even after the parent's name is removed.
  *   vol/<id>/log/<seq:20>              log record: header (JSON) + inline data. Create-only at the
  *                                      next sequence number: the commit point of a flush.
  *   vol/<id>/seg/<seq:20>-<nonce>-<n>  data segment uploaded before the log record that references it.
@@ -32,6 +35,7 @@ export const keys = {
   volumeRecord: (name: string) => `volumes/${name}`,
   volumesPrefix: 'volumes/',
   volumePrefix: (id: string) => `vol/${id}/`,
+  meta: (id: string) => `vol/${id}/meta`,
   logPrefix: (id: string) => `vol/${id}/log/`,
   log: (id: string, seq: number) => `vol/${id}/log/${seqStr(seq)}`,
   checkpointPrefix: (id: string) => `vol/${id}/checkpoint/`,
@@ -51,6 +55,13 @@ export interface VolumeRecord {
   id: string;
   size: number;
   createdAt: string;
+  /**
+   * A fork or snapshot starts as its parent's map after log record `seq` of volume `id`
+   * (the parent's last acknowledged flush when the fork was made). No data is copied.
+   */
+  parent?: { id: string; seq: number };
+  /** Snapshots are read-only forever. */
+  snapshot?: boolean;
 }
 
 export function encodeVolumeRecord(r: VolumeRecord): Buffer {

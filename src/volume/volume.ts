@@ -29,11 +29,11 @@ import type { BlockBackend, Extent, ZeroOptions } from '../../nbd/backend.js';
 import { NBD_STATE_HOLE, NBD_STATE_ZERO } from '../../nbd/constants.js';
 import { ExtentMap, type Piece } from '../../cow/extent-map.js';
 import type { BlockCache } from '../cache.js';
-import { BatonError, CorruptError, FencedError, LeaseLostError, PreconditionFailedError, ReadOnlyError, ShutdownError, errorMessage } from '../errors.js';
+import { BatonError, CorruptError, FencedError, LeaseLostError, NotFoundError, PreconditionFailedError, ReadOnlyError, ShutdownError, errorMessage } from '../errors.js';
 import type { Logger } from '../log.js';
 import { listAll, type ObjectStore } from '../store/object-store.js';
 import {
-  SRC_HOLE, SRC_INLINE, SRC_ZERO, decodeCheckpoint, decodeLogHeader, keys, logHeaderLength, seqFromKey, encodeLogRecord,
+  SRC_HOLE, SRC_INLINE, SRC_ZERO, decodeCheckpoint, decodeLogHeader, decodeVolumeRecord, keys, logHeaderLength, seqFromKey, encodeLogRecord,
   type Checkpoint, type LogHeader, type RecordExtent, type VolumeRecord,
 } from './format.js';
 
@@ -168,24 +168,73 @@ export class Volume implements BlockBackend {
 
   private async recover(): Promise<void> {
     const t0 = Date.now();
-    const cps = await listAll(this.store, keys.checkpointPrefix(this.id));
-    let fromSeq = 0;
-    // Newest checkpoint first; a checkpoint that fails to load is skipped, not trusted.
-    for (const cp of cps.reverse()) {
-      try {
-        const c = decodeCheckpoint(await this.store.get(cp.key), cp.key);
-        this.loadCheckpoint(c);
-        fromSeq = c.seq;
-        this.highestTokenSeen = c.token;
-        break;
-      } catch (err) {
-        this.log.warn({ key: cp.key, err: errorMessage(err) }, 'skipping unreadable checkpoint');
-      }
+    const fromSeq = await this.loadLatestCheckpoint(this.id, Infinity, true);
+    let base = 'checkpoint';
+    if (fromSeq === 0 && this.record.parent) {
+      // A fork that has not written its own checkpoint yet: start from the parent's state.
+      await this.loadAncestor(this.record.parent.id, this.record.parent.seq, 1);
+      base = `parent ${this.record.parent.id}@${this.record.parent.seq}`;
     }
     this.lastCheckpointSeq = fromSeq;
     this.nextSeq = fromSeq + 1;
     const replayed = await this.replayLog();
-    this.log.info({ seq: this.nextSeq - 1, checkpoint: fromSeq, replayed, extents: this.committed.size, ms: Date.now() - t0 }, 'volume recovered');
+    this.log.info({ seq: this.nextSeq - 1, checkpoint: fromSeq, base, replayed, extents: this.committed.size, ms: Date.now() - t0 }, 'volume recovered');
+  }
+
+  /**
+   * Load the newest readable checkpoint of volume `id` at or below `maxSeq` into the map.
+   * Returns its seq, or 0 if there is none.
+   */
+  private async loadLatestCheckpoint(id: string, maxSeq: number, own: boolean): Promise<number> {
+    const cps = (await listAll(this.store, keys.checkpointPrefix(id))).filter((o) => seqFromKey(o.key) <= maxSeq);
+    // Newest first; a checkpoint that fails to load is skipped, not trusted.
+    for (const cp of cps.reverse()) {
+      try {
+        const c = decodeCheckpoint(await this.store.get(cp.key), cp.key);
+        this.loadCheckpoint(c);
+        if (own) this.highestTokenSeen = c.token;
+        return c.seq;
+      } catch (err) {
+        this.log.warn({ key: cp.key, err: errorMessage(err) }, 'skipping unreadable checkpoint');
+      }
+    }
+    return 0;
+  }
+
+  /** The map of ancestor `id` as of its log record `seq`: its checkpoint (or its own parent) plus its log. */
+  private async loadAncestor(id: string, seq: number, depth: number): Promise<void> {
+    if (depth > 10_000) throw new CorruptError(`volume ${this.name}: ancestry deeper than 10000 (a cycle?)`);
+    const from = await this.loadLatestCheckpoint(id, seq, false);
+    if (from === 0) {
+      const meta = await this.readMeta(id);
+      if (meta.parent) await this.loadAncestor(meta.parent.id, meta.parent.seq, depth + 1);
+    }
+    if (seq > from) await this.replayRange(id, from, seq);
+  }
+
+  private async readMeta(id: string): Promise<VolumeRecord> {
+    const key = keys.meta(id);
+    try {
+      return decodeVolumeRecord(await this.store.get(key), key);
+    } catch (err) {
+      if (err instanceof NotFoundError) throw new CorruptError(`volume ${this.name}: its ancestor ${id} is gone from the store (${key})`);
+      throw err;
+    }
+  }
+
+  /** Apply an ancestor's log records (after, upTo] to the map (data only: tokens are the ancestor's business). */
+  private async replayRange(id: string, after: number, upTo: number): Promise<void> {
+    const logs = (await listAll(this.store, keys.logPrefix(id), after > 0 ? { startAfter: keys.log(id, after) } : {}))
+      .filter((o) => seqFromKey(o.key) <= upTo);
+    if (logs.length !== upTo - after) throw new CorruptError(`volume ${this.name}: ancestor ${id} is missing log records in (${after}, ${upTo}]`);
+    const headers = await mapLimit(logs, 16, (o) => this.readLogHeader(o.key, o.size));
+    let fence = 0;
+    for (let i = 0; i < logs.length; i++) {
+      const { header, dataStart } = headers[i]!;
+      if (header.kind === 'takeover') fence = Math.max(fence, header.token);
+      if (header.kind === 'commit' && header.token < fence) continue;
+      this.applyRecord(logs[i]!.key, header, dataStart, logs[i]!.size);
+    }
   }
 
   /**
@@ -270,6 +319,8 @@ export class Volume implements BlockBackend {
       this.highestTokenSeen = token;
       this.token = token;
       this.log.info({ seq, token }, 'takeover record committed');
+      // A fork's first checkpoint flattens its ancestry: later opens need no parent at all.
+      if (this.record.parent && this.lastCheckpointSeq === 0) this.maybeCheckpoint(true);
       return;
     }
     throw new FencedError(`volume ${this.name}: could not commit a takeover record (the log keeps moving: is another host writing?)`);
@@ -644,9 +695,9 @@ export class Volume implements BlockBackend {
    * the records since the last one. Checkpoint when the replay would cost about as much:
    * at least every `checkpointEvery` records, and for a big map only every size/256.
    */
-  private maybeCheckpoint(): void {
+  private maybeCheckpoint(force = false): void {
     const since = this.nextSeq - 1 - this.lastCheckpointSeq;
-    if (this.checkpointing || since < Math.max(this.checkpointEvery, Math.floor(this.committed.size / 256))) return;
+    if (this.checkpointing || (!force && since < Math.max(this.checkpointEvery, Math.floor(this.committed.size / 256)))) return;
     const seq = this.nextSeq - 1;
     // Serialize now (a consistent snapshot at `seq`), upload in the background.
     const objects = new Map<string, number>();
@@ -668,6 +719,18 @@ export class Volume implements BlockBackend {
       .catch((err) => this.log.warn({ seq, err: errorMessage(err) }, 'checkpoint failed; recovery replays more log'))
       .finally(() => { this.checkpointing = false; });
   }
+
+  /** The committed map (for diff and space accounting): [offset, length, key|null for zeroes, objectOffset]. */
+  *committedExtents(): IterableIterator<{ offset: number; length: number; key: string | null; off: number }> {
+    for (const e of this.committed.entries()) {
+      const v = e.value;
+      if (isZero(v)) yield { offset: e.offset, length: e.length, key: null, off: 0 };
+      else yield { offset: e.offset, length: e.length, key: v.key, off: v.off };
+    }
+  }
+
+  /** The last committed log position (what a fork of this volume, made now, would start from). */
+  get lastCommittedSeq(): number { return this.nextSeq - 1; }
 
   stats(): VolumeStats {
     return {

@@ -39,6 +39,7 @@ const MAGIC = Buffer.from('BTNCRSH1', 'latin1');
 const HDR = 20;
 const CRC_AT = BLOCK - 4;
 const FILL_WORDS = (CRC_AT - HDR) / 4;
+const ZERO_BLOCK = Buffer.alloc(BLOCK);
 
 // ------------------------------------------------------------------ seeded randomness
 
@@ -58,19 +59,26 @@ export const randInt = (rng: () => number, lo: number, hi: number): number => lo
 
 // ------------------------------------------------------------------ block stamps
 
-/** Write block `index` at generation `gen` into `out` at `at`. */
+/** A buffer for `blocks` blocks whose memory is 4-byte aligned (stampBlock fills through a Uint32Array). */
+export function allocBlocks(blocks: number): Buffer {
+  return Buffer.from(new ArrayBuffer(blocks * BLOCK));
+}
+
+/** Write block `index` at generation `gen` into `out` (from allocBlocks) at `at`. */
 export function stampBlock(out: Buffer, at: number, index: number, gen: number, salt: number): void {
   MAGIC.copy(out, at);
   out.writeUInt32BE(index >>> 0, at + 8);
   out.writeUInt32BE(gen >>> 0, at + 12);
   out.writeUInt32BE(salt >>> 0, at + 16);
-  // xorshift32 seeded from the stamp: cheap, and differs for every (index, gen, salt).
+  // xorshift32 seeded from the stamp: cheap, and differs for every (index, gen, salt). The
+  // fill is only ever checked through the crc, so its byte order does not matter.
+  const words = new Uint32Array(out.buffer, out.byteOffset + at + HDR, FILL_WORDS);
   let x = (Math.imul(index + 1, 0x9e3779b1) ^ Math.imul(gen + 1, 0x85ebca6b) ^ salt ^ 0x2545f491) >>> 0 || 1;
   for (let i = 0; i < FILL_WORDS; i++) {
-    x ^= x << 13; x >>>= 0;
+    x ^= x << 13;
     x ^= x >>> 17;
-    x ^= x << 5; x >>>= 0;
-    out.writeUInt32BE(x, at + HDR + 4 * i);
+    x ^= x << 5;
+    words[i] = x;
   }
   out.writeUInt32BE(crc32(out.subarray(at, at + CRC_AT)) >>> 0, at + CRC_AT);
 }
@@ -83,9 +91,7 @@ export type Decoded =
 /** Decode one block read back, independently of any model. */
 export function decodeBlock(b: Buffer): Decoded {
   if (b.length !== BLOCK) return { kind: 'garbage', why: `length ${b.length}` };
-  let zero = true;
-  for (let i = 0; i < BLOCK; i += 4) if (b.readUInt32LE(i) !== 0) { zero = false; break; }
-  if (zero) return { kind: 'zero' };
+  if (b.equals(ZERO_BLOCK)) return { kind: 'zero' };
   if (!b.subarray(0, 8).equals(MAGIC)) return { kind: 'garbage', why: `no stamp (starts ${b.subarray(0, 16).toString('hex')})` };
   const crc = crc32(b.subarray(0, CRC_AT)) >>> 0;
   if (crc !== b.readUInt32BE(CRC_AT)) {
@@ -271,10 +277,18 @@ export interface WriterOptions {
   flushEvery: number;
   /** Writes in flight at once (default 4). */
   depth?: number;
+  /**
+   * Connections to the export (default 1). Writes go to a random one, FLUSH too: the export
+   * advertises CAN_MULTI_CONN, so a FLUSH on one connection must cover the writes replied to
+   * on all of them (nbdfuse writes on 4 connections and flushes on one).
+   */
+  connections?: number;
   /** Largest ordinary write, in blocks (default 16). */
   maxRunBlocks?: number;
-  /** Probability of a big write (128..512 blocks: 0.5..2 MiB) (default 0.03). */
+  /** Probability of a big write (default 0.03). */
   bigWriteRate?: number;
+  /** Size range of a big write in blocks (default [128, 512]: 0.5..2 MiB). */
+  bigRunBlocks?: [number, number];
   fuaRate?: number;
   zeroRate?: number;
   /** Half of the ordinary writes go to the first `hotBlocks` blocks (many generations per block). 0: uniform. */
@@ -310,8 +324,8 @@ export interface WriterStats {
   elapsedMs: number;
 }
 
-interface WriteOp { kind: 'write'; n: number; start: number; count: number; gen: number; fua: boolean }
-interface FlushOp { kind: 'flush'; n: number; id: number }
+interface WriteOp { kind: 'write'; n: number; start: number; count: number; gen: number; fua: boolean; conn: number }
+interface FlushOp { kind: 'flush'; n: number; id: number; conn: number }
 type Op = WriteOp | FlushOp;
 
 /**
@@ -325,6 +339,7 @@ export async function runWriter(socket: string, model: BlockModel, o: WriterOpti
   const depth = o.depth ?? 4;
   const maxRun = o.maxRunBlocks ?? 16;
   const bigRate = o.bigWriteRate ?? 0.03;
+  const [bigMin, bigMax] = o.bigRunBlocks ?? [128, 512];
   const fuaRate = o.fuaRate ?? 0;
   const zeroRate = o.zeroRate ?? 0;
   const hot = Math.min(o.hotBlocks ?? 0, model.blocks);
@@ -337,13 +352,57 @@ export async function runWriter(socket: string, model: BlockModel, o: WriterOpti
 
   let writesInFlight = 0;
   let flushInFlight = false;
-  const client = await RawClient.connect(socket);
+  const clients: RawClient[] = [];
+  /** Replies (or the connection's end) from every connection, in arrival order. */
+  const replies: ({ conn: number; h: Buffer } | { conn: number; err: unknown })[] = [];
+  let wakeup: (() => void) | null = null;
+  let finished = false;
+  const pump = async (conn: number, c: RawClient): Promise<void> => {
+    for (;;) {
+      let item: (typeof replies)[number];
+      try {
+        item = { conn, h: await c.read(16, 24 * 3600_000) };
+      } catch (err) {
+        item = { conn, err };
+      }
+      if (finished) return;
+      replies.push(item);
+      const w = wakeup;
+      wakeup = null;
+      w?.();
+      if ('err' in item) return;
+    }
+  };
+  const nextReply = async (): Promise<{ conn: number; h: Buffer }> => {
+    const deadline = Date.now() + replyTimeout;
+    while (replies.length === 0) {
+      const left = deadline - Date.now();
+      if (left <= 0) throw new ReadTimeoutError(`no reply within ${replyTimeout} ms`);
+      await new Promise<void>((resolve) => {
+        const timer = setTimeout(resolve, left);
+        wakeup = () => { clearTimeout(timer); resolve(); };
+      });
+    }
+    const r = replies.shift()!;
+    if ('err' in r) throw r.err;
+    return r;
+  };
   try {
-    const { size, eflags } = await client.handshakeGo(o.exportName);
-    if (size < BigInt(model.blocks * BLOCK)) throw new Error(`export ${o.exportName} has ${size} bytes, the model needs ${model.blocks * BLOCK}`);
+    const nconn = Math.max(1, o.connections ?? 1);
+    let eflags = 0;
+    for (let i = 0; i < nconn; i++) {
+      const c = await RawClient.connect(socket);
+      clients.push(c);
+      const hs = await c.handshakeGo(o.exportName);
+      if (hs.size < BigInt(model.blocks * BLOCK)) throw new Error(`export ${o.exportName} has ${hs.size} bytes, the model needs ${model.blocks * BLOCK}`);
+      eflags = hs.eflags;
+    }
     if (!(eflags & TFLAG.SEND_FLUSH)) throw new Error('the server does not advertise SEND_FLUSH: nothing to test');
+    if (nconn > 1 && !(eflags & TFLAG.CAN_MULTI_CONN)) throw new Error('the server does not advertise CAN_MULTI_CONN: one connection only');
     const canFua = (eflags & TFLAG.SEND_FUA) !== 0;
     const canZero = (eflags & TFLAG.SEND_WRITE_ZEROES) !== 0;
+    clients.forEach((c, i) => void pump(i, c));
+    const pickConn = (): number => (nconn === 1 ? 0 : randInt(rng, 0, nconn - 1));
 
     const inflight = new Map<bigint, Op>();
     const busy = new Uint8Array(model.blocks);
@@ -359,7 +418,7 @@ export async function runWriter(socket: string, model: BlockModel, o: WriterOpti
         let count: number;
         let start: number;
         if (rng() < bigRate) {
-          count = Math.min(randInt(rng, 128, 512), model.blocks);
+          count = Math.min(randInt(rng, bigMin, bigMax), model.blocks);
           start = randInt(rng, 0, model.blocks - count);
         } else {
           count = Math.min(randInt(rng, 1, maxRun), model.blocks);
@@ -374,12 +433,12 @@ export async function runWriter(socket: string, model: BlockModel, o: WriterOpti
     };
 
     const sendFlush = async (): Promise<void> => {
-      const op: FlushOp = { kind: 'flush', n: ++stats.flushesSent, id: model.flushSent() };
+      const op: FlushOp = { kind: 'flush', n: ++stats.flushesSent, id: model.flushSent(), conn: pickConn() };
       writesSinceFlush = 0;
       flushInFlight = true;
       const c = cookie++;
       inflight.set(c, op);
-      await client.write(requestFrame({ type: CMD.FLUSH, cookie: c, offset: 0n, length: 0 }));
+      await clients[op.conn]!.write(requestFrame({ type: CMD.FLUSH, cookie: c, offset: 0n, length: 0 }));
       emit({ type: 'flush-sent', n: op.n });
     };
 
@@ -387,7 +446,8 @@ export async function runWriter(socket: string, model: BlockModel, o: WriterOpti
       const gen = model.nextGen++;
       const zero = canZero && rng() < zeroRate;
       const fua = canFua && rng() < fuaRate;
-      const op: WriteOp = { kind: 'write', n: ++stats.writesSent, start, count, gen, fua };
+      const op: WriteOp = { kind: 'write', n: ++stats.writesSent, start, count, gen, fua, conn: pickConn() };
+      const client = clients[op.conn]!;
       for (let b = start; b < start + count; b++) busy[b] = 1;
       model.writeSent(start, count, gen);
       if (zero) model.zeroGens.add(gen);
@@ -400,7 +460,7 @@ export async function runWriter(socket: string, model: BlockModel, o: WriterOpti
         stats.zeroWrites++;
         await client.write(requestFrame({ type: CMD.WRITE_ZEROES, flags, cookie: c, offset: BigInt(start * BLOCK), length: count * BLOCK }));
       } else {
-        const payload = Buffer.allocUnsafe(count * BLOCK);
+        const payload = allocBlocks(count);
         for (let i = 0; i < count; i++) stampBlock(payload, i * BLOCK, start + i, gen, model.salt);
         stats.bytesSent += payload.length;
         await client.write(requestFrame({ type: CMD.WRITE, flags, cookie: c, offset: BigInt(start * BLOCK), length: payload.length }, payload));
@@ -408,9 +468,10 @@ export async function runWriter(socket: string, model: BlockModel, o: WriterOpti
       emit({ type: 'write-sent', n: op.n, gen });
     };
 
-    const onReply = (c: bigint, errno: number): void => {
+    const onReply = (conn: number, c: bigint, errno: number): void => {
       const op = inflight.get(c);
       if (!op) throw new ProtocolError(`reply for unknown cookie ${c}`);
+      if (op.conn !== conn) throw new ProtocolError(`reply for cookie ${c} came on connection ${conn}, sent on ${op.conn}`);
       inflight.delete(c);
       if (op.kind === 'write') {
         writesInFlight--;
@@ -463,19 +524,21 @@ export async function runWriter(socket: string, model: BlockModel, o: WriterOpti
         await sendFlush();
       }
       if (inflight.size === 0) continue;
-      const h = await client.read(16, replyTimeout);
+      const { conn, h } = await nextReply();
       if (h.readUInt32BE(0) !== SIMPLE_REPLY_MAGIC) throw new ProtocolError(`bad reply magic 0x${h.readUInt32BE(0).toString(16)}`);
-      onReply(h.readBigUInt64BE(8), h.readUInt32BE(4));
+      onReply(conn, h.readBigUInt64BE(8), h.readUInt32BE(4));
     }
-    await client.disconnect().catch(() => {});
+    finished = true;
+    for (const c of clients) await c.disconnect().catch(() => {});
   } catch (err) {
-    if (!isConnectionLoss(err, client)) {
+    if (!isConnectionLoss(err, clients)) {
       if (err instanceof ReadTimeoutError) throw new Error(`writer: no reply within ${replyTimeout} ms (server hung?)`);
       throw err;
     }
     stats.endedBy = 'closed';
   } finally {
-    client.destroy();
+    finished = true;
+    for (const c of clients) c.destroy();
     stats.atEnd = { writesInFlight, flushInFlight };
     stats.elapsedMs = Date.now() - t0;
   }
@@ -483,12 +546,12 @@ export async function runWriter(socket: string, model: BlockModel, o: WriterOpti
 }
 
 /** The server went away (the normal end of a crash round), as opposed to a protocol or test bug. */
-function isConnectionLoss(err: unknown, client: RawClient): boolean {
+function isConnectionLoss(err: unknown, clients: RawClient[]): boolean {
   if (err instanceof ClosedError) return true;
   if (err instanceof ProtocolError || err instanceof ReadTimeoutError) return false;
   const code = typeof err === 'object' && err !== null && 'code' in err ? String(err.code) : '';
   if (['EPIPE', 'ECONNRESET', 'ERR_STREAM_DESTROYED', 'ERR_STREAM_WRITE_AFTER_END'].includes(code)) return true;
-  return (err instanceof Error && /socket destroyed/.test(err.message)) || client.closed;
+  return (err instanceof Error && /socket destroyed/.test(err.message)) || clients.some((c) => c.closed);
 }
 
 /** The server answered something a correct server never would. */

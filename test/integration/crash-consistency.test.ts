@@ -19,12 +19,14 @@
  * with latency (flushes succeed or fail with EIO; neither may lie); and a check that an EIO
  * flush keeps the data for a later flush.
  *
- * Scale: BATON_CRASH_SCALE=N multiplies rounds and time budgets (default 1: ~1 min per file
- * on 2 cores with the variants running concurrently).
+ * Scale: BATON_CRASH_SCALE=N multiplies rounds and time budgets (default 1: ~50 s for the
+ * file on 2 idle cores, the variants running concurrently). Each variant runs a minimum
+ * number of rounds however slow the machine, then more while within its time budget.
  */
 
 import test, { type ExecutionContext } from 'ava';
 import { randomBytes } from 'node:crypto';
+import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { hasS3, makeTestBucket, s3TestEnv } from '../helpers/s3.js';
 import { baton, startBatonServer, tempDir, type BatonServer } from '../helpers/server.js';
@@ -65,9 +67,11 @@ function createVolume(target: Target): void {
 }
 
 /** A server on the target with a fresh, empty cache dir (a new host). Retries a start the injected faults broke. */
-async function startHost(t: ExecutionContext, target: Target, faults?: object): Promise<BatonServer> {
-  const env = { ...target.env, ...(faults ? { BATON_FAULTS: JSON.stringify(faults) } : {}) };
+async function startHost(t: ExecutionContext, target: Target, faults?: { seed?: number }): Promise<BatonServer> {
   for (let attempt = 1; ; attempt++) {
+    // Same seed, same fault schedule: a retry needs another one.
+    const f = faults && attempt > 1 ? { ...faults, seed: ((faults.seed ?? 0) + attempt * 7919) >>> 0 } : faults;
+    const env = { ...target.env, ...(f ? { BATON_FAULTS: JSON.stringify(f) } : {}) };
     const cache = path.join(tempDir(t, 'baton-cache-'), 'cache');
     try {
       return await startBatonServer(t, { store: target.store, extraArgs: [...target.storeArgs, '--cache-dir', cache], env, logLevel: 'info' });
@@ -87,15 +91,15 @@ type KillPlan =
   | { kind: 'after-flush-ack'; n: number }
   | { kind: 'mid-writes'; afterAck: number; writes: number };
 
-function planKill(rng: () => number, slow: boolean): KillPlan {
+function planKill(rng: () => number, slow: boolean, maxN: number): KillPlan {
   const r = rng();
   if (r < 0.3) return { kind: 'timer', ms: randInt(rng, 5, slow ? 2500 : 1200) };
   if (r < 0.65) {
     const d = rng();
-    return { kind: 'flush-in-flight', n: randInt(rng, 1, 6), delay: d < 0.3 ? 'sync' : d < 0.6 ? 'tick' : randInt(rng, 1, slow ? 40 : 6) };
+    return { kind: 'flush-in-flight', n: randInt(rng, 1, maxN), delay: d < 0.3 ? 'sync' : d < 0.6 ? 'tick' : randInt(rng, 1, slow ? 40 : 6) };
   }
-  if (r < 0.85) return { kind: 'after-flush-ack', n: randInt(rng, 1, 6) };
-  return { kind: 'mid-writes', afterAck: randInt(rng, 1, 4), writes: randInt(rng, 1, 12) };
+  if (r < 0.85) return { kind: 'after-flush-ack', n: randInt(rng, 1, maxN) };
+  return { kind: 'mid-writes', afterAck: randInt(rng, 1, Math.min(4, maxN)), writes: randInt(rng, 1, 12) };
 }
 
 function planName(p: KillPlan): string {
@@ -122,21 +126,27 @@ interface Coverage {
   newer: number;
   /** Rounds in which an acknowledged generation existed for at least one block. */
   ackedBlocks: number;
-  maxLogRecords: number;
+  /** Rounds with >8 MiB flushes (segment uploads before the log record). */
+  bulk: number;
+  /** Rounds whose writer used several connections (flush on one covers all). */
+  multiConn: number;
 }
 
 function newCoverage(): Coverage {
-  return { rounds: 0, plans: {}, points: { 'flush in flight': 0, 'writes in flight': 0, idle: 0, fallback: 0 }, writes: 0, flushesOk: 0, flushesFailed: 0, fuaOk: 0, newer: 0, ackedBlocks: 0, maxLogRecords: 0 };
+  return { rounds: 0, plans: {}, points: { 'flush in flight': 0, 'writes in flight': 0, idle: 0, fallback: 0 }, writes: 0, flushesOk: 0, flushesFailed: 0, fuaOk: 0, newer: 0, ackedBlocks: 0, bulk: 0, multiConn: 0 };
 }
 
 interface RoundsOptions {
+  /** Always run at least this many rounds, however slow the machine. */
+  minRounds: number;
+  /** Run more rounds, up to this many, while within budgetMs. */
   rounds: number;
   budgetMs: number;
   seed: number;
   /** Latency / faults: longer timers, more patience. */
   slow: boolean;
   /** BATON_FAULTS for server i (undefined: none). */
-  faultsFor?: (i: number) => object | undefined;
+  faultsFor?: (i: number) => { seed?: number } | undefined;
   fallbackMs: number;
 }
 
@@ -172,20 +182,27 @@ async function crashRounds(t: ExecutionContext, target: Target, o: RoundsOptions
   };
 
   for (let round = 0; round < o.rounds; round++) {
-    if (round > 0 && Date.now() - t0 > o.budgetMs) break;
+    if (round >= o.minRounds && Date.now() - t0 > o.budgetMs) break;
     // The fresh server must hold exactly what the previous round allows (round 0: zeroes).
     if (!(await verify(round - 1, round === 0 ? 'fresh volume' : `after crash ${round}`))) return cov;
 
-    const plan = planKill(rng, o.slow);
-    const wopts: Omit<WriterOptions, 'exportName' | 'rng' | 'onEvent'> = {
-      flushEvery: randInt(rng, 1, 24),
-      depth: randInt(rng, 1, 8),
-      maxRunBlocks: randInt(rng, 1, 32),
-      bigWriteRate: rng() < 0.3 ? 0.15 : 0.02,
-      fuaRate: rng() < 0.5 ? 0.05 : 0,
-      zeroRate: 0.03,
-      hotBlocks: rng() < 0.5 ? 256 : 0,
-    };
+    // A quarter of the rounds are bulk: mostly 1..3 MiB writes, so one flush usually carries
+    // more than a segment (8 MiB) and commits upload segments before their log record.
+    const bulk = rng() < 0.25;
+    const plan = planKill(rng, o.slow, bulk ? 3 : 6);
+    // Like nbdfuse: up to 4 connections, writes on any, a FLUSH on one covers them all.
+    const connections = rng() < 0.5 ? 1 : randInt(rng, 2, 4);
+    const wopts: Omit<WriterOptions, 'exportName' | 'rng' | 'onEvent'> = bulk
+      ? { flushEvery: randInt(rng, 4, 8), depth: randInt(rng, 2, 6), maxRunBlocks: 16, bigWriteRate: 0.8, bigRunBlocks: [256, 768], fuaRate: 0, zeroRate: 0.02, hotBlocks: 0 }
+      : {
+        flushEvery: randInt(rng, 1, 24),
+        depth: randInt(rng, 1, 8),
+        maxRunBlocks: randInt(rng, 1, 32),
+        bigWriteRate: rng() < 0.3 ? 0.15 : 0.02,
+        fuaRate: rng() < 0.5 ? 0.05 : 0,
+        zeroRate: 0.03,
+        hotBlocks: rng() < 0.5 ? 256 : 0,
+      };
     const wrng = rngFrom(randInt(rng, 0, 2 ** 31));
     const killDelayTick = plan.kind === 'flush-in-flight' ? plan.delay : 'sync';
 
@@ -227,7 +244,7 @@ async function crashRounds(t: ExecutionContext, target: Target, o: RoundsOptions
     };
     let stats: WriterStats;
     try {
-      stats = await runWriter(server.socket, model, { ...wopts, exportName: VOLUME, rng: wrng, onEvent, replyTimeoutMs: 60_000 });
+      stats = await runWriter(server.socket, model, { ...wopts, connections, exportName: VOLUME, rng: wrng, onEvent, replyTimeoutMs: 60_000 });
     } finally {
       for (const x of timers) clearTimeout(x);
       kill(true);
@@ -236,6 +253,8 @@ async function crashRounds(t: ExecutionContext, target: Target, o: RoundsOptions
     model.serverLost();
     const point: KillPoint = killed ?? 'fallback';
     cov.rounds++;
+    if (bulk) cov.bulk++;
+    if (connections > 1) cov.multiConn++;
     cov.points[point]++;
     cov.plans[plan.kind] = (cov.plans[plan.kind] ?? 0) + 1;
     cov.writes += stats.writesSent;
@@ -246,7 +265,7 @@ async function crashRounds(t: ExecutionContext, target: Target, o: RoundsOptions
     const badErrnos = Object.keys(stats.errnos).filter((e) => e !== '5');
     t.deepEqual(badErrnos, [], `a failed flush or write must be EIO, got errnos ${JSON.stringify(stats.errnos)}`);
     if (!o.faultsFor) t.is(stats.flushesFailed, 0, `no flush may fail without injected faults (errnos ${JSON.stringify(stats.errnos)})`);
-    t.log(`[${target.label}] round ${round + 1}: kill ${planName(plan)} -> killed with ${point}; k=${wopts.flushEvery} depth=${wopts.depth}: ` +
+    t.log(`[${target.label}] round ${round + 1}: kill ${planName(plan)} -> killed with ${point}; ${bulk ? 'bulk, ' : ''}k=${wopts.flushEvery} depth=${wopts.depth} conns=${connections}: ` +
       `${stats.writesSent} writes (${(stats.bytesSent / 1048576).toFixed(1)} MiB), flushes ${stats.flushesOk} ok / ${stats.flushesFailed} EIO, FUA ${stats.fuaOk}; ` +
       `${model.pendingBlocks()} blocks with unacknowledged writes; ${stats.elapsedMs} ms${faults ? `; faults ${JSON.stringify(faults)}` : ''}`);
 
@@ -254,19 +273,47 @@ async function crashRounds(t: ExecutionContext, target: Target, o: RoundsOptions
     server = await startHost(t, target, faults);
   }
   await verify(o.rounds, `after the last crash (${cov.rounds})`);
-  const logs = /replayed":(\d+)/.exec(server.stderr());
-  if (logs) cov.maxLogRecords = Number(logs[1]);
+  const rec = /"seq":(\d+),"checkpoint":(\d+),"replayed":(\d+)/.exec(server.stderr());
+  if (rec) t.log(`[${target.label}] last recovery: log at seq ${rec[1]}, from checkpoint ${rec[2]}, ${rec[3]} records replayed`);
   await server.stop();
-  t.log(`[${target.label}] ${cov.rounds} crash rounds in ${((Date.now() - t0) / 1000).toFixed(1)} s; plans ${JSON.stringify(cov.plans)}; ` +
+  t.log(`[${target.label}] ${cov.rounds} crash rounds (${cov.bulk} bulk, ${cov.multiConn} on several connections) in ${((Date.now() - t0) / 1000).toFixed(1)} s; plans ${JSON.stringify(cov.plans)}; ` +
     `kill points ${JSON.stringify(cov.points)}; ${cov.writes} writes, ${cov.flushesOk} flushes ok, ${cov.flushesFailed} EIO, ${cov.fuaOk} FUA; ` +
     `${cov.newer} block reads newer than acknowledged`);
   return cov;
 }
 
 function assertCoverage(t: ExecutionContext, cov: Coverage, minRounds: number): void {
-  t.true(cov.rounds >= minRounds, `only ${cov.rounds} crash rounds ran (want >= ${minRounds})`);
+  t.true(cov.rounds >= minRounds, `only ${cov.rounds} crash rounds ran (want >= ${minRounds}): an earlier round failed`);
   t.true(cov.flushesOk > 0, 'some flush was acknowledged (else nothing was tested)');
   t.true(cov.ackedBlocks > 0, 'some round had acknowledged data to lose');
+}
+
+/** Objects of each kind (log, seg, checkpoint) in a file: store. */
+function countObjects(dir: string): Record<string, number> {
+  const out: Record<string, number> = {};
+  const walk = (d: string): void => {
+    for (const e of fs.readdirSync(d, { withFileTypes: true })) {
+      if (e.isDirectory()) walk(path.join(d, e.name));
+      else if (e.name.endsWith('@')) {
+        const kind = path.basename(d);
+        out[kind] = (out[kind] ?? 0) + 1;
+      }
+    }
+  };
+  if (fs.existsSync(dir)) walk(dir);
+  return out;
+}
+
+/** A fresh bucket on the shared radosgw (started on first use). */
+async function rgwTarget(t: ExecutionContext, label: string): Promise<Target> {
+  const s3 = await s3TestEnv(t);
+  const bucket = await makeTestBucket(s3);
+  return {
+    label,
+    store: `s3://${bucket}/crash`,
+    env: { AWS_ACCESS_KEY_ID: s3.accessKeyId, AWS_SECRET_ACCESS_KEY: s3.secretAccessKey, AWS_REGION: s3.region },
+    storeArgs: ['--endpoint', s3.endpoint],
+  };
 }
 
 function fileTarget(t: ExecutionContext, label: string): Target {
@@ -279,37 +326,39 @@ test('crash rounds on a file: store: acknowledged flushes survive SIGKILL, a fre
   t.timeout(240_000);
   const seed = (SEED + 1) >>> 0;
   t.log(`seed ${seed} (BATON_CRASH_SEED=${SEED})`);
-  const cov = await crashRounds(t, fileTarget(t, 'file'), { rounds: Math.round(24 * SCALE), budgetMs: 30_000 * SCALE, seed, slow: false, fallbackMs: 5_000 });
-  assertCoverage(t, cov, Math.min(8, Math.round(24 * SCALE)));
+  const target = fileTarget(t, 'file');
+  const minRounds = Math.max(2, Math.round(6 * SCALE));
+  const cov = await crashRounds(t, target, { minRounds, rounds: Math.round(24 * SCALE), budgetMs: 30_000 * SCALE, seed, slow: false, fallbackMs: 5_000 });
+  assertCoverage(t, cov, minRounds);
   t.true(cov.points['flush in flight'] > 0, 'some kill landed with a flush in flight');
+  const objects = countObjects(target.store.slice('file:'.length));
+  t.log(`store after the rounds: ${JSON.stringify(objects)} (seg: data segments of flushes over 8 MiB; checkpoint: map checkpoints)`);
 });
 
 (hasS3() ? test : test.skip)('crash rounds on Ceph RGW (S3): acknowledged flushes survive SIGKILL, a fresh host reads no garbage', async (t) => {
   t.timeout(240_000);
-  const s3 = await s3TestEnv(t);
-  const bucket = await makeTestBucket(s3);
   const seed = (SEED + 2) >>> 0;
   t.log(`seed ${seed} (BATON_CRASH_SEED=${SEED})`);
-  const target: Target = {
-    label: 'rgw',
-    store: `s3://${bucket}/crash`,
-    env: { AWS_ACCESS_KEY_ID: s3.accessKeyId, AWS_SECRET_ACCESS_KEY: s3.secretAccessKey, AWS_REGION: s3.region },
-    storeArgs: ['--endpoint', s3.endpoint],
-  };
-  const cov = await crashRounds(t, target, { rounds: Math.round(14 * SCALE), budgetMs: 35_000 * SCALE, seed, slow: true, fallbackMs: 8_000 });
-  assertCoverage(t, cov, Math.min(5, Math.round(14 * SCALE)));
+  const target = await rgwTarget(t, 'rgw');
+  const minRounds = Math.max(2, Math.round(4 * SCALE));
+  const cov = await crashRounds(t, target, { minRounds, rounds: Math.round(14 * SCALE), budgetMs: 35_000 * SCALE, seed, slow: true, fallbackMs: 8_000 });
+  assertCoverage(t, cov, minRounds);
 });
 
 test('crash rounds with injected store faults (10% errors, lost replies, timeouts, 20 ms latency; harsh put faults on every other host): no false acknowledgement, the volume recovers', async (t) => {
   t.timeout(300_000);
   const seed = (SEED + 3) >>> 0;
   t.log(`seed ${seed} (BATON_CRASH_SEED=${SEED}); faults ${JSON.stringify(FAULTS_10)}, every other host ${JSON.stringify(FAULTS_HARSH_PUT)}`);
-  const cov = await crashRounds(t, fileTarget(t, 'file+faults'), {
-    rounds: Math.round(12 * SCALE), budgetMs: 35_000 * SCALE, seed, slow: true, fallbackMs: 10_000,
+  const minRounds = Math.max(2, Math.round(4 * SCALE));
+  // file: by default (runs everywhere, and the faults sit above the store either way);
+  // BATON_CRASH_FAULTS_STORE=rgw runs this variant on Ceph RGW instead.
+  const target = process.env.BATON_CRASH_FAULTS_STORE === 'rgw' && hasS3() ? await rgwTarget(t, 'rgw+faults') : fileTarget(t, 'file+faults');
+  const cov = await crashRounds(t, target, {
+    minRounds, rounds: Math.round(12 * SCALE), budgetMs: 35_000 * SCALE, seed, slow: true, fallbackMs: 10_000,
     // Every host injects faults, also the one that recovers and verifies.
     faultsFor: (i) => ({ ...(i % 2 === 0 ? FAULTS_10 : FAULTS_HARSH_PUT), seed: (seed * 31 + i) >>> 0 }),
   });
-  assertCoverage(t, cov, Math.min(4, Math.round(12 * SCALE)));
+  assertCoverage(t, cov, minRounds);
   t.log(`flush outcomes under faults: ${cov.flushesOk} acknowledged, ${cov.flushesFailed} EIO (every acknowledged one verified after its crash)`);
 });
 
@@ -327,7 +376,7 @@ test('a flush that fails with EIO keeps the data: reads still see it, a later fl
   // 1. Write and flush until two flushes failed (uniform writes: most blocks are written once,
   //    so a lost block cannot hide behind a later rewrite).
   const s1 = await runWriter(server.socket, model, {
-    exportName: VOLUME, rng: rngFrom(seed), flushEvery: 4, depth: 4, maxRunBlocks: 8, bigWriteRate: 0.01,
+    exportName: VOLUME, rng: rngFrom(seed), flushEvery: 4, depth: 4, maxRunBlocks: 8, bigWriteRate: 0.01, connections: 2,
     stopWhen: (s) => s.flushesFailed >= 2, durationMs: 60_000,
   });
   t.log(`phase 1: ${s1.writesSent} writes, flushes ${s1.flushesOk} ok / ${s1.flushesFailed} EIO (errnos ${JSON.stringify(s1.errnos)}), ${s1.elapsedMs} ms`);

@@ -5,7 +5,8 @@
  *   host A: mkfs.ext4, mount; `git clone` a local repository (300+ files, 3 commits) onto the
  *   volume; `npm ci --offline` a project whose dependencies are local `npm pack` tarballs
  *   (the registry is a closed loopback port: any registry traffic would fail the run); sync;
- *   `git commit` (C1) and sync; `git commit` (C2) with git's own fsyncs only; unsynced churn
+ *   `git commit` (C1) and sync; `git add` + `git commit` (C2) with git's own fsyncs only
+ *   (core.fsync=all set in the clone); unsynced churn
  *   with a background sync; then SIGKILL the server WITHOUT unmounting, at a seeded random
  *   moment, and tear the dead stack down forcibly (umount -l, losetup -d, fusermount3 -uz).
  *
@@ -15,11 +16,13 @@
  *   reference install; umount; `e2fsck -fn` clean.
  *
  * Why the syncs: npm never fsyncs, and git 2.39 by default fsyncs neither loose objects nor
- * refs; even with core.fsync=all the final rename of the branch ref is only made durable by
- * ext4's next journal commit (up to 5 s later). So the test makes its durability points
- * explicit (syncfs, which ext4 turns into a journal commit = FLUSH/FUA to baton) and asserts
- * exactly those; C2 (git's own fsyncs, no sync) may or may not survive, but if HEAD is C2 its
- * objects must be there (git fsyncs them before it moves the ref).
+ * refs (without core.fsync=all a crash right after `git add` leaves empty object files that
+ * `git fsck` rightly reports); even with core.fsync=all the final rename of the branch ref is
+ * only made durable by ext4's next journal commit (up to 5 s later). So the test makes its
+ * durability points explicit (syncfs, which ext4 turns into a journal commit = FLUSH/FUA to
+ * baton) and asserts exactly those; C2 (git's own fsyncs, no sync) may or may not survive,
+ * but whichever HEAD and index survive, every object they name must be intact (git fsyncs
+ * objects before the index and the ref that name them).
  *
  * Every layer registers its teardown the moment it exists; AVA runs them in reverse order, so
  * a failure anywhere leaves no mount, loop device, FUSE mount or process behind.
@@ -47,8 +50,6 @@ const SEED = process.env.BATON_CRASH_SEED !== undefined ? Number(process.env.BAT
 const VOLUME = 'seed';
 const VOLUME_SIZE = 256 * 1024 * 1024;
 const GIT = ['-c', 'user.name=baton test', '-c', 'user.email=baton@example.invalid', '-c', 'init.defaultBranch=main', '-c', 'safe.directory=*', '-c', 'gc.auto=0'];
-/** git's durable mode: fsync objects, index and refs (the 2.39 default skips loose objects and refs). */
-const GIT_FSYNC = ['-c', 'core.fsync=all', '-c', 'core.fsyncMethod=fsync'];
 const PACKAGES = ['baton-seed-a', 'baton-seed-b', 'baton-seed-c'];
 
 interface Target { store: string; env: Record<string, string>; storeArgs: string[]; label: string }
@@ -129,8 +130,8 @@ async function makeNpmProject(work: string): Promise<{ app: string; reference: s
       await fsp.writeFile(path.join(dir, 'bin', 'cli.js'), `#!/usr/bin/env node\nconsole.log(require('..').name + ' ok');\n`, { mode: 0o755 });
     }
     await fsp.writeFile(path.join(dir, 'package.json'), JSON.stringify(pkg, null, 2) + '\n');
-    await runOk('npm', ['pack', '--pack-destination', vendor], { cwd: dir, env, timeoutMs: 60_000 });
   }
+  await runOk('npm', ['pack', ...PACKAGES.map((n) => `./pkgs/${n}`), '--pack-destination', vendor], { cwd: work, env, timeoutMs: 120_000 });
   const app = path.join(work, 'app');
   const deps = Object.fromEntries(PACKAGES.map((n) => [n, `file:vendor/${n}-1.0.0.tgz`]));
   await fsp.writeFile(path.join(app, 'package.json'), JSON.stringify({ name: 'baton-seed-app', version: '1.0.0', private: true, dependencies: deps }, null, 2) + '\n');
@@ -229,6 +230,11 @@ serial('seed scenario: git clone + npm ci + git commit on ext4, SIGKILL the serv
   const repo = path.join(sa.dir, 'repo');
   await git(['clone', '-q', '--no-hardlinks', src, repo]);
   t.is((await git(['-C', repo, 'rev-parse', 'HEAD'])).trim(), srcLog[0] ?? '');
+  // git's durable mode for every later command in this repository (add, commit): fsync loose
+  // objects, the index and refs. The 2.39 default fsyncs neither loose objects nor refs, and
+  // an unsynced `git add` legitimately leaves an empty object file behind after a crash.
+  await git(['-C', repo, 'config', 'core.fsync', 'all']);
+  await git(['-C', repo, 'config', 'core.fsyncMethod', 'fsync']);
   const appOnVolume = path.join(sa.dir, 'app');
   await fsp.cp(app, appOnVolume, { recursive: true });
   const ci = await runOk('npm', ['ci', '--offline', '--ignore-scripts'], { cwd: appOnVolume, env, timeoutMs: 180_000 });
@@ -242,12 +248,12 @@ serial('seed scenario: git clone + npm ci + git commit on ext4, SIGKILL the serv
   await fsp.writeFile(path.join(agent, 'notes.md'), `# work of the agent\n${randomBytes(2048).toString('hex')}\n`);
   await fsp.appendFile(path.join(repo, 'pkg0', 'src', 'f1.txt'), 'edited by the agent\n');
   await git(['-C', repo, 'add', '-A']);
-  await git([...GIT_FSYNC, '-C', repo, 'commit', '-q', '-m', 'agent: C1']);
+  await git(['-C', repo, 'commit', '-q', '-m', 'agent: C1']);
   const c1 = (await git(['-C', repo, 'rev-parse', 'HEAD'])).trim();
   await runOk('sync', ['-f', sa.dir], { timeoutMs: 120_000 });
   await fsp.writeFile(path.join(agent, 'more.bin'), randomBytes(256 * 1024));
   await git(['-C', repo, 'add', '-A']);
-  await git([...GIT_FSYNC, '-C', repo, 'commit', '-q', '-m', 'agent: C2']);
+  await git(['-C', repo, 'commit', '-q', '-m', 'agent: C2']);
   const c2 = (await git(['-C', repo, 'rev-parse', 'HEAD'])).trim();
 
   // Unsynced churn, and a background sync pushing it (and C2) out while the server dies.

@@ -295,3 +295,18 @@ test('past the lease deadline a volume acknowledges no write and no flush', asyn
   await t.throwsAsync(v.write(0, Buffer.alloc(512, 2), false));
   t.true(v.isFenced);
 });
+
+test('an idle served volume makes no store requests', async (t) => {
+  const inst = new InstrumentedObjectStore(new MemoryObjectStore());
+  const { open } = await setup(inst, 64 * MiB, { checkpointEvery: 1 });
+  const v = await open();
+  await v.takeover(1);
+  await v.write(0, pattern(1, 4096), false);
+  await v.flush();
+  await new Promise((r) => setTimeout(r, 300)); // let a background checkpoint finish
+  inst.reset();
+  await new Promise((r) => setTimeout(r, 1500));
+  await v.read(0, 4096); // cached: written through on commit
+  await v.flush(); // nothing dirty
+  t.is(inst.stats().total.requests, 0);
+});

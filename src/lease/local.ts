@@ -1,0 +1,790 @@
+/**
+ * LocalLeaseManager: the embedded lease, without Redis. Lease files in one directory keep two
+ * baton processes on one machine (or on machines sharing that directory) from serving a
+ * volume read-write at once.
+ *
+ * This file also holds what both lease managers share: RenewingLease (the renewal loop, the
+ * local validity deadline, lost/handoff callbacks) and the argument checks and messages.
+ *
+ * Safety argument (same for Redis): a lease is ADVISORY. It decides who SHOULD write; it does
+ * not stop a stale writer by itself. What makes a second writer harmless is the object store:
+ * every commit is a create-only put of the next log position, tagged with the writer's
+ * fencing token, and a new holder first commits a takeover record under a token higher than
+ * any in the log. Tokens therefore only grow (counter under a lock here, INCR in Redis, and
+ * never below the `minToken` the caller read from the log). The lease's job is liveness and
+ * politeness: one writer at a time in the normal case, a fast handoff, and a holder that
+ * stops acknowledging writes (validUntil) before anybody else can be granted the lease.
+ *
+ * Files, all in DIR:
+ * - `<vol>.lease`: JSON {holder, token, pid, hostname, expiresAt (wall clock ms), reservedFor,
+ *   handoffRequestedBy, handoffId, status}. Replaced atomically (write a temp file, rename).
+ *   Free when missing, when expiresAt has passed, or when its holder process is dead (pid on
+ *   this hostname that answers ESRCH). `holder: ''` with `reservedFor` is a reservation left
+ *   by a graceful handoff: only that host may acquire until it expires.
+ * - `<vol>.token`: the last token handed out; only grows.
+ * - `<vol>.lock`: a short mutex (created with O_EXCL) held while reading and replacing the two
+ *   files above. A lock whose process is dead or that is older than `lockStaleMs` is broken.
+ *
+ * The holder notices a handoff request at its next renewal, or at once through fs.watch on
+ * the directory (a fast path; renewals remain the guarantee).
+ */
+
+import { randomBytes, randomUUID } from 'node:crypto';
+import * as fs from 'node:fs';
+import * as fsp from 'node:fs/promises';
+import * as os from 'node:os';
+import * as path from 'node:path';
+import { performance } from 'node:perf_hooks';
+import { InvalidArgumentError, LeaseHeldError, LeaseLostError, StoreUnavailableError, errorMessage } from '../errors.js';
+import { silentLogger, type Logger } from '../log.js';
+import { checkVolumeName } from '../volumes.js';
+import type { AcquireOptions, Lease, LeaseManager, LeaseRecord, LeaseStatus } from './lease.js';
+
+// ------------------------------------------------------------------ shared checks and messages
+
+export const DEFAULT_LEASE_TTL_MS = 5000;
+/** Below this, ttl/3 renewals leave too little slack before validUntil (ttl - max(ttl/5, 500 ms)). */
+export const MIN_LEASE_TTL_MS = 1000;
+
+export function checkTtl(ttlMs: number | undefined): number {
+  const ttl = Math.round(ttlMs ?? DEFAULT_LEASE_TTL_MS); // --lease-ttl takes fractional seconds
+  if (!Number.isSafeInteger(ttl) || ttl < MIN_LEASE_TTL_MS) {
+    throw new InvalidArgumentError(`lease TTL must be at least ${MIN_LEASE_TTL_MS / 1000} s (got ${ttlMs} ms): renewals every TTL/3 need room before the deadline`);
+  }
+  return ttl;
+}
+
+/** The safety margin between our local deadline and the lease store's expiry. */
+export function leaseMargin(ttlMs: number): number {
+  return Math.max(ttlMs / 5, 500);
+}
+
+const BAD_HOLDER = /[\u0000-\u001f\u007f]/;
+
+export function checkHolderId(holder: string, what = 'host id'): void {
+  if (typeof holder !== 'string' || holder.length === 0 || holder.length > 255 || BAD_HOLDER.test(holder)) {
+    throw new InvalidArgumentError(`invalid ${what} ${JSON.stringify(holder)}: use 1-255 printable characters`);
+  }
+}
+
+export function checkAcquireOptions(o: AcquireOptions): { waitMs: number; minToken: number } {
+  const waitMs = o.waitMs ?? 0;
+  const minToken = o.minToken ?? 0;
+  if (!Number.isFinite(waitMs) || waitMs < 0) throw new InvalidArgumentError(`waitMs must be a non-negative number (got ${o.waitMs})`);
+  if (!Number.isSafeInteger(minToken) || minToken < 0) throw new InvalidArgumentError(`minToken must be a non-negative integer (got ${o.minToken})`);
+  return { waitMs, minToken };
+}
+
+function secs(ms: number): string {
+  return ms < 0 ? 'no expiry' : `${(ms / 1000).toFixed(1)} s`;
+}
+
+/** LeaseHeldError for a lease someone holds; the message says what to do. */
+export function heldError(volume: string, holder: string, token: number | string, ttlMs: number, requester: string): LeaseHeldError {
+  if (holder === requester) {
+    return new LeaseHeldError(
+      `volume ${volume} is already served under this host id ${holder} (token ${token}, lease expires in ${secs(ttlMs)}): ` +
+      `another baton process with the same --host-id holds it; stop that process, or wait for its lease to expire`,
+    );
+  }
+  return new LeaseHeldError(
+    `volume ${volume} is served by ${holder} (token ${token}, lease expires in ${secs(ttlMs)}); ` +
+    `attach there, or hand it over: baton handoff ${volume} --to ${requester}`,
+  );
+}
+
+/** LeaseHeldError for a lease reserved for another host by a graceful handoff. */
+export function reservedError(volume: string, reservedFor: string, ttlMs: number): LeaseHeldError {
+  return new LeaseHeldError(
+    `volume ${volume} was handed over to ${reservedFor} and is reserved for it (for ${secs(ttlMs)} more); ` +
+    `attach on ${reservedFor}, or wait for the reservation to expire`,
+  );
+}
+
+export function nobodyHoldsError(volume: string, to: string, reservedFor?: string): InvalidArgumentError {
+  if (reservedFor && reservedFor !== to) {
+    return new InvalidArgumentError(`nobody holds ${volume}; it is reserved for ${reservedFor} after a handoff, and ${to} can attach once that reservation expires`);
+  }
+  return new InvalidArgumentError(`nobody holds ${volume}; just attach on ${to}`);
+}
+
+export function alreadyHolderError(volume: string, to: string): InvalidArgumentError {
+  return new InvalidArgumentError(`${to} already serves ${volume}; nothing to hand over`);
+}
+
+export function sleep(ms: number): Promise<void> {
+  return new Promise((r) => setTimeout(r, ms));
+}
+
+export function parseStatus(v: unknown): LeaseStatus | undefined {
+  if (typeof v === 'string') {
+    if (!v) return undefined;
+    try { v = JSON.parse(v); } catch { return undefined; }
+  }
+  if (!v || typeof v !== 'object') return undefined;
+  const o = v as Record<string, unknown>;
+  if (typeof o.dirtyBytes !== 'number' || typeof o.lastCommitSeq !== 'number') return undefined;
+  const s: LeaseStatus = {
+    dirtyBytes: o.dirtyBytes,
+    lastFlushAt: typeof o.lastFlushAt === 'string' ? o.lastFlushAt : null,
+    lastCommitSeq: o.lastCommitSeq,
+  };
+  if (typeof o.address === 'string') s.address = o.address;
+  return s;
+}
+
+// ------------------------------------------------------------------ the held lease (shared)
+
+export type RenewResult =
+  | { held: true; handoff?: { to: string; id: string } }
+  | { held: false; reason: string };
+
+export interface RenewingLeaseArgs {
+  volume: string;
+  holder: string;
+  token: number;
+  ttlMs: number;
+  /** performance.now() taken BEFORE the acquiring request was sent. */
+  startedAt: number;
+  /** false: never renew (test hook that simulates a holder that hangs). */
+  renew: boolean;
+  log: Logger;
+  /** Called once when the lease stops being held (lost, released, closed). */
+  ended: () => void;
+}
+
+/**
+ * A held lease: renews every ttl/3 in the background and keeps the local deadline.
+ *
+ * validUntil() = start of the last successful renewal (or of the acquire) + ttl - margin,
+ * on the monotonic clock. The lease store applied that renewal's TTL no earlier than we sent
+ * it, so it cannot expire (and nobody else can be granted the lease) before start + ttl;
+ * the margin, max(ttl/5, 500 ms), absorbs clock-rate differences and scheduling delays. If
+ * renewals keep failing, a timer fires onLost at validUntil and renewing stops: the holder
+ * must assume the lease is gone whatever the store says later. A renewal that finds another
+ * holder or token fires onLost at once. None of this is needed for data safety (the store
+ * fences), only so that a well-behaved old holder stops before the new one starts.
+ */
+export abstract class RenewingLease implements Lease {
+  readonly volume: string;
+  readonly holder: string;
+  readonly token: number;
+  protected readonly ttlMs: number;
+  protected readonly log: Logger;
+  readonly #margin: number;
+  readonly #interval: number;
+  readonly #renewEnabled: boolean;
+  readonly #ended: () => void;
+  readonly #startedAt: number;
+  #validUntil: number;
+  #state: 'held' | 'lost' | 'released' = 'held';
+  #lostReason = '';
+  #lastError = '';
+  #lostCbs: ((reason: string) => void)[] = [];
+  #handoffCbs: ((to: string) => void)[] = [];
+  #handoffTo: string | undefined;
+  #handoffId: string | undefined;
+  #status: LeaseStatus | undefined;
+  #statusVersion = 0;
+  #statusSent = 0;
+  #renewTimer: NodeJS.Timeout | null = null;
+  #deadlineTimer: NodeJS.Timeout | null = null;
+  #chain: Promise<unknown> = Promise.resolve();
+
+  protected constructor(a: RenewingLeaseArgs) {
+    this.volume = a.volume;
+    this.holder = a.holder;
+    this.token = a.token;
+    this.ttlMs = a.ttlMs;
+    this.log = a.log;
+    this.#margin = leaseMargin(a.ttlMs);
+    this.#interval = a.ttlMs / 3;
+    this.#renewEnabled = a.renew;
+    this.#ended = a.ended;
+    this.#startedAt = a.startedAt;
+    this.#validUntil = a.startedAt + a.ttlMs - this.#margin;
+  }
+
+  /** @internal Arm the deadline and the renewal loop (the manager calls this once, after registering the lease). */
+  start(): void {
+    this.#armDeadline();
+    this.#scheduleRenew(Math.max(0, this.#startedAt + this.#interval - performance.now()));
+  }
+
+  /** Send one renewal carrying `status` (if it changed since the last one sent). */
+  protected abstract renewOnce(status: LeaseStatus | undefined): Promise<RenewResult>;
+  /** Give the lease back if it is still ours (holder AND token); false if it was not. */
+  protected abstract releaseOnce(to: string | undefined): Promise<boolean>;
+
+  get held(): boolean { return this.#state === 'held'; }
+
+  validUntil(): number { return this.#validUntil; }
+
+  onLost(cb: (reason: string) => void): void {
+    if (this.#state === 'lost') { const r = this.#lostReason; queueMicrotask(() => this.#call(cb, r)); return; }
+    this.#lostCbs.push(cb);
+  }
+
+  onHandoffRequest(cb: (to: string) => void): void {
+    this.#handoffCbs.push(cb);
+    const pending = this.#handoffTo;
+    if (this.#state === 'held' && pending !== undefined) queueMicrotask(() => { if (this.#state === 'held') this.#call(cb, pending); });
+  }
+
+  setStatus(s: LeaseStatus): void {
+    this.#status = { ...s };
+    this.#statusVersion++;
+  }
+
+  /** Renew now (also sends pending status). Resolves true if this renewal succeeded. */
+  renewNow(): Promise<boolean> {
+    const p = this.#chain.then(() => this.#renewStep());
+    this.#chain = p.catch(() => {});
+    return p;
+  }
+
+  /**
+   * Local validity ends at once (validUntil() = -Infinity), then the store is told. If that
+   * fails (StoreUnavailableError) the lease simply expires after its TTL; calling again is a
+   * no-op. With `to`, a lease that was already lost or taken throws LeaseLostError (the target
+   * cannot acquire at once); without `to`, that is not an error.
+   */
+  async release(to?: string): Promise<void> {
+    if (to !== undefined) checkHolderId(to, 'handoff target');
+    const prev = this.#state;
+    if (prev === 'released') return;
+    // From here on this host may not write: local validity ends before the store is told.
+    this.#state = 'released';
+    this.#validUntil = -Infinity;
+    this.#stopTimers();
+    if (prev === 'held') this.#ended();
+    await this.#chain;
+    if (prev === 'lost') {
+      if (to !== undefined) throw new LeaseLostError(`cannot hand ${this.volume} to ${to}: this host's lease was lost (${this.#lostReason})`);
+      return;
+    }
+    const ok = await this.releaseOnce(to);
+    if (!ok && to !== undefined) {
+      throw new LeaseLostError(`cannot hand ${this.volume} to ${to}: this host's lease (token ${this.token}) had already expired or been taken`);
+    }
+  }
+
+  /** The manager is closing: stop, tell the owner, give the lease back if we can. */
+  async closeByManager(): Promise<void> {
+    if (this.#state !== 'held') return;
+    this.lose('the lease manager was closed');
+    await this.#chain;
+    await this.releaseOnce(undefined).catch(() => {});
+  }
+
+  /** A handoff request seen by a renewal or a fast path; fires the callbacks once per request id. */
+  protected noticeHandoff(to: string, id: string): void {
+    if (this.#state !== 'held' || id === this.#handoffId) return;
+    this.#handoffId = id;
+    this.#handoffTo = to;
+    this.log.info({ volume: this.volume, token: this.token, to }, 'handoff requested');
+    for (const cb of [...this.#handoffCbs]) this.#call(cb, to);
+  }
+
+  protected lose(reason: string): void {
+    if (this.#state !== 'held') return;
+    this.#state = 'lost';
+    this.#lostReason = reason;
+    this.#validUntil = -Infinity;
+    this.#stopTimers();
+    this.#ended();
+    this.log.warn({ volume: this.volume, token: this.token, reason }, 'lease lost');
+    for (const cb of [...this.#lostCbs]) this.#call(cb, reason);
+  }
+
+  async #renewStep(): Promise<boolean> {
+    if (this.#state !== 'held') return false;
+    if (this.#renewTimer) { clearTimeout(this.#renewTimer); this.#renewTimer = null; }
+    const started = performance.now();
+    const version = this.#statusVersion;
+    const status = version !== this.#statusSent ? this.#status : undefined;
+    let delay: number;
+    let ok = false;
+    try {
+      const r = await this.renewOnce(status);
+      if (this.#state !== 'held') return false;
+      if (!r.held) { this.lose(r.reason); return false; }
+      ok = true;
+      this.#statusSent = version;
+      this.#lastError = '';
+      this.#validUntil = Math.max(this.#validUntil, started + this.ttlMs - this.#margin);
+      this.#armDeadline();
+      if (r.handoff) this.noticeHandoff(r.handoff.to, r.handoff.id);
+      delay = started + this.#interval - performance.now();
+    } catch (err) {
+      if (this.#state !== 'held') return false;
+      this.#lastError = errorMessage(err);
+      this.log.warn({ volume: this.volume, token: this.token, err: this.#lastError, msLeft: Math.round(this.#validUntil - performance.now()) }, 'lease renewal failed; retrying');
+      delay = Math.max(50, this.#interval / 3);
+    }
+    this.#scheduleRenew(Math.max(0, delay));
+    return ok;
+  }
+
+  #scheduleRenew(ms: number): void {
+    if (!this.#renewEnabled || this.#state !== 'held') return;
+    if (this.#renewTimer) clearTimeout(this.#renewTimer);
+    this.#renewTimer = setTimeout(() => { this.#renewTimer = null; void this.renewNow(); }, ms);
+    this.#renewTimer.unref();
+  }
+
+  #armDeadline(): void {
+    if (this.#deadlineTimer) clearTimeout(this.#deadlineTimer);
+    this.#deadlineTimer = null;
+    if (this.#state !== 'held') return;
+    const ms = this.#validUntil - performance.now();
+    if (ms <= 0) {
+      this.lose(`could not renew the lease within ${this.ttlMs - this.#margin} ms (last error: ${this.#lastError || 'none'}); it may expire at any moment`);
+      return;
+    }
+    this.#deadlineTimer = setTimeout(() => { this.#deadlineTimer = null; this.#armDeadline(); }, Math.ceil(ms) + 1);
+    this.#deadlineTimer.unref();
+  }
+
+  #stopTimers(): void {
+    if (this.#renewTimer) clearTimeout(this.#renewTimer);
+    if (this.#deadlineTimer) clearTimeout(this.#deadlineTimer);
+    this.#renewTimer = null;
+    this.#deadlineTimer = null;
+  }
+
+  #call<A>(cb: (a: A) => void, a: A): void {
+    try {
+      cb(a);
+    } catch (err) {
+      this.log.error({ volume: this.volume, err: errorMessage(err) }, 'lease callback threw');
+    }
+  }
+}
+
+// ------------------------------------------------------------------ local files
+
+export interface LocalLeaseOptions {
+  /** Lease TTL in ms (default 5000); renewals every ttl/3. */
+  ttlMs?: number;
+  /** false: leases are never renewed (test hook: a holder that hangs). Default true. */
+  renew?: boolean;
+  log?: Logger;
+  /** A `.lock` older than this is assumed abandoned (default 3000 ms). */
+  lockStaleMs?: number;
+  /** How often a waiting acquire re-checks when no file event wakes it (default 100 ms). */
+  pollMs?: number;
+}
+
+interface LeaseFile {
+  holder: string;
+  token: number;
+  pid: number;
+  hostname: string;
+  expiresAt: number;
+  reservedFor?: string;
+  handoffRequestedBy?: string;
+  handoffId?: string;
+  status?: LeaseStatus;
+}
+
+const HOSTNAME = os.hostname();
+
+function pidAlive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (err) {
+    // EPERM: it exists but belongs to someone else. Only ESRCH proves it is gone.
+    return (err as NodeJS.ErrnoException).code !== 'ESRCH';
+  }
+}
+
+type Liveness = 'free' | 'held' | 'reserved';
+
+function liveness(f: LeaseFile | null, now: number): Liveness {
+  if (!f || !(f.expiresAt > now)) return 'free';
+  if (f.holder === '') return f.reservedFor ? 'reserved' : 'free';
+  // A pid means something only on the machine that wrote it (the directory may be shared).
+  if (f.hostname === HOSTNAME && Number.isSafeInteger(f.pid) && f.pid > 0 && !pidAlive(f.pid)) return 'free';
+  return 'held';
+}
+
+function parseLeaseFile(text: string): LeaseFile | null {
+  let o: unknown;
+  try { o = JSON.parse(text); } catch { return null; }
+  if (!o || typeof o !== 'object') return null;
+  const r = o as Record<string, unknown>;
+  if (typeof r.holder !== 'string' || typeof r.token !== 'number' || typeof r.expiresAt !== 'number') return null;
+  const f: LeaseFile = {
+    holder: r.holder,
+    token: r.token,
+    pid: typeof r.pid === 'number' ? r.pid : 0,
+    hostname: typeof r.hostname === 'string' ? r.hostname : '',
+    expiresAt: r.expiresAt,
+  };
+  if (typeof r.reservedFor === 'string' && r.reservedFor) f.reservedFor = r.reservedFor;
+  if (typeof r.handoffRequestedBy === 'string' && r.handoffRequestedBy) f.handoffRequestedBy = r.handoffRequestedBy;
+  if (typeof r.handoffId === 'string' && r.handoffId) f.handoffId = r.handoffId;
+  const st = parseStatus(r.status);
+  if (st) f.status = st;
+  return f;
+}
+
+function toRecord(volume: string, f: LeaseFile, now: number): LeaseRecord {
+  const rec: LeaseRecord = { volume, holder: f.holder, token: f.token, ttlMs: Math.max(0, f.expiresAt - now) };
+  if (f.reservedFor) rec.reservedFor = f.reservedFor;
+  if (f.handoffRequestedBy) rec.handoffRequestedBy = f.handoffRequestedBy;
+  if (f.status) rec.status = f.status;
+  return rec;
+}
+
+function ioError(what: string, err: unknown): StoreUnavailableError {
+  return new StoreUnavailableError(`lease directory: ${what}: ${errorMessage(err)}`, { cause: err });
+}
+
+class LocalLease extends RenewingLease {
+  readonly #mgr: LocalLeaseManager;
+
+  constructor(mgr: LocalLeaseManager, a: RenewingLeaseArgs) {
+    super(a);
+    this.#mgr = mgr;
+  }
+
+  protected renewOnce(status: LeaseStatus | undefined): Promise<RenewResult> {
+    return this.#mgr._renew(this, status);
+  }
+
+  protected releaseOnce(to: string | undefined): Promise<boolean> {
+    return this.#mgr._release(this, to);
+  }
+
+  /** fs.watch saw the lease file change: look (without the lock) for a handoff or a new holder. */
+  async peek(): Promise<void> {
+    if (!this.held) return;
+    const f = await this.#mgr._read(this.volume).catch(() => undefined);
+    if (f === undefined || !this.held) return;
+    if (f && f.holder === this.holder && f.token === this.token) {
+      if (f.handoffRequestedBy && f.handoffId) this.noticeHandoff(f.handoffRequestedBy, f.handoffId);
+      return;
+    }
+    // Someone replaced or removed our file: a renewal under the lock decides (and fires onLost).
+    void this.renewNow();
+  }
+}
+
+export class LocalLeaseManager implements LeaseManager {
+  readonly description: string;
+  readonly dir: string;
+  readonly #ttlMs: number;
+  readonly #renew: boolean;
+  readonly #log: Logger;
+  readonly #lockStaleMs: number;
+  readonly #pollMs: number;
+  readonly #leases = new Set<LocalLease>();
+  /** Listeners for file events in DIR, by file name. */
+  readonly #listeners = new Map<string, Set<() => void>>();
+  #watcher: fs.FSWatcher | null = null;
+  #dirReady: Promise<void> | null = null;
+  #closed = false;
+
+  constructor(dir: string, opts: LocalLeaseOptions = {}) {
+    this.dir = path.resolve(dir);
+    this.description = `lease files in ${this.dir}`;
+    this.#ttlMs = checkTtl(opts.ttlMs);
+    this.#renew = opts.renew ?? true;
+    this.#log = opts.log ?? silentLogger();
+    this.#lockStaleMs = opts.lockStaleMs ?? 3000;
+    this.#pollMs = opts.pollMs ?? 100;
+  }
+
+  async acquire(volume: string, holder: string, options: AcquireOptions = {}): Promise<Lease> {
+    checkVolumeName(volume);
+    checkHolderId(holder);
+    const { waitMs, minToken } = checkAcquireOptions(options);
+    this.#checkOpen();
+    await this.#ensureDir();
+    const deadline = performance.now() + waitMs;
+    for (;;) {
+      try {
+        return await this.#tryAcquire(volume, holder, minToken);
+      } catch (err) {
+        if (!(err instanceof LeaseHeldError) || performance.now() >= deadline) throw err;
+      }
+      await this.#waitForChange(volume, Math.min(this.#pollMs, deadline - performance.now()));
+      this.#checkOpen();
+    }
+  }
+
+  async inspect(volume: string): Promise<LeaseRecord | null> {
+    checkVolumeName(volume);
+    const f = await this._read(volume);
+    const now = Date.now();
+    return liveness(f, now) === 'free' || !f ? null : toRecord(volume, f, now);
+  }
+
+  async list(): Promise<LeaseRecord[]> {
+    let names: string[];
+    try {
+      names = await fsp.readdir(this.dir);
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code === 'ENOENT') return [];
+      throw ioError(`cannot list ${this.dir}`, err);
+    }
+    const vols = names.filter((n) => n.endsWith('.lease')).map((n) => n.slice(0, -'.lease'.length)).sort();
+    const out: LeaseRecord[] = [];
+    for (const v of vols) {
+      try {
+        const r = await this.inspect(v);
+        if (r) out.push(r);
+      } catch (err) {
+        if (!(err instanceof InvalidArgumentError)) throw err; // a stray file with a bad name
+      }
+    }
+    return out;
+  }
+
+  async requestHandoff(volume: string, to: string): Promise<void> {
+    checkVolumeName(volume);
+    checkHolderId(to, 'handoff target');
+    this.#checkOpen();
+    await this.#ensureDir();
+    await this.#withLock(volume, async () => {
+      const f = await this._read(volume);
+      const st = liveness(f, Date.now());
+      if (st !== 'held' || !f) throw nobodyHoldsError(volume, to, st === 'reserved' ? f?.reservedFor : undefined);
+      if (f.holder === to) throw alreadyHolderError(volume, to);
+      f.handoffRequestedBy = to;
+      f.handoffId = randomUUID();
+      await this.#write(this.#leasePath(volume), JSON.stringify(f));
+    });
+  }
+
+  async close(): Promise<void> {
+    if (this.#closed) return;
+    this.#closed = true;
+    await Promise.all([...this.#leases].map((l) => l.closeByManager()));
+    this.#listeners.clear();
+    this.#stopWatcher();
+  }
+
+  // ---------------------------------------------------------------- internals used by LocalLease
+
+  /** @internal Read a lease file without the lock (renames make it atomic); null if none or unreadable. */
+  async _read(volume: string): Promise<LeaseFile | null> {
+    let text: string;
+    try {
+      text = await fsp.readFile(this.#leasePath(volume), 'utf8');
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code === 'ENOENT') return null;
+      throw ioError(`cannot read the lease of ${volume}`, err);
+    }
+    const f = parseLeaseFile(text);
+    if (!f) this.#log.warn({ volume, file: this.#leasePath(volume) }, 'unreadable lease file; treating the volume as free');
+    return f;
+  }
+
+  /** @internal */
+  async _renew(lease: LocalLease, status: LeaseStatus | undefined): Promise<RenewResult> {
+    return this.#withLock(lease.volume, async () => {
+      const now = Date.now();
+      const f = await this._read(lease.volume);
+      if (!f || f.holder !== lease.holder || f.token !== lease.token) return { held: false, reason: takenReason(f) };
+      if (!(f.expiresAt > now)) return { held: false, reason: 'the lease expired before it was renewed' };
+      f.expiresAt = now + this.#ttlMs;
+      f.pid = process.pid;
+      if (status) f.status = status;
+      await this.#write(this.#leasePath(lease.volume), JSON.stringify(f));
+      return f.handoffRequestedBy && f.handoffId ? { held: true, handoff: { to: f.handoffRequestedBy, id: f.handoffId } } : { held: true };
+    });
+  }
+
+  /** @internal */
+  async _release(lease: LocalLease, to: string | undefined): Promise<boolean> {
+    return this.#withLock(lease.volume, async () => {
+      const f = await this._read(lease.volume);
+      if (!f || f.holder !== lease.holder || f.token !== lease.token || !(f.expiresAt > Date.now())) return false;
+      const file = this.#leasePath(lease.volume);
+      if (to === undefined) {
+        await fsp.unlink(file).catch((err: NodeJS.ErrnoException) => { if (err.code !== 'ENOENT') throw ioError(`cannot remove ${file}`, err); });
+        return true;
+      }
+      // Keep the token (for `baton status`), free the holder, and reserve for `to` for one TTL.
+      const r: LeaseFile = { holder: '', token: f.token, pid: process.pid, hostname: HOSTNAME, expiresAt: Date.now() + this.#ttlMs, reservedFor: to };
+      if (f.status) r.status = f.status;
+      await this.#write(file, JSON.stringify(r));
+      return true;
+    });
+  }
+
+  // ---------------------------------------------------------------- private
+
+  async #tryAcquire(volume: string, holder: string, minToken: number): Promise<LocalLease> {
+    return this.#withLock(volume, async () => {
+      // Taken before expiresAt is computed: our deadline can only be earlier than theirs.
+      const startedAt = performance.now();
+      const now = Date.now();
+      const f = await this._read(volume);
+      const st = liveness(f, now);
+      if (f && st === 'held') throw heldError(volume, f.holder, f.token, f.expiresAt - now, holder);
+      if (f && st === 'reserved' && f.reservedFor !== holder) throw reservedError(volume, f.reservedFor ?? '', f.expiresAt - now);
+      // Tokens only grow: above the counter, above any token still in the lease file, and
+      // above what the caller saw in the store's log.
+      const token = Math.max(await this.#readCounter(volume), f?.token ?? 0, minToken) + 1;
+      await this.#write(this.#tokenPath(volume), `${token}\n`);
+      const rec: LeaseFile = { holder, token, pid: process.pid, hostname: HOSTNAME, expiresAt: now + this.#ttlMs };
+      await this.#write(this.#leasePath(volume), JSON.stringify(rec));
+      const lease: LocalLease = new LocalLease(this, {
+        volume, holder, token, ttlMs: this.#ttlMs, startedAt, renew: this.#renew, log: this.#log,
+        ended: () => { this.#leases.delete(lease); this.#unlisten(`${volume}.lease`, onChange); },
+      });
+      const onChange = (): void => { void lease.peek(); };
+      this.#leases.add(lease);
+      this.#listen(`${volume}.lease`, onChange);
+      lease.start();
+      return lease;
+    });
+  }
+
+  async #readCounter(volume: string): Promise<number> {
+    try {
+      const n = Number.parseInt(await fsp.readFile(this.#tokenPath(volume), 'utf8'), 10);
+      return Number.isSafeInteger(n) && n > 0 ? n : 0;
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code === 'ENOENT') return 0;
+      throw ioError(`cannot read the token counter of ${volume}`, err);
+    }
+  }
+
+  /** Write a temp file and rename it over `file`: readers see the old or the new, never half. */
+  async #write(file: string, data: string): Promise<void> {
+    const tmp = `${file}.${process.pid}.${randomBytes(4).toString('hex')}.tmp`;
+    try {
+      await fsp.writeFile(tmp, data);
+      await fsp.rename(tmp, file);
+    } catch (err) {
+      await fsp.unlink(tmp).catch(() => {});
+      throw ioError(`cannot write ${file}`, err);
+    }
+  }
+
+  /**
+   * Run `fn` holding DIR/<vol>.lock. The lock lives for a few ms; one left by a dead process
+   * (or older than lockStaleMs) is moved aside and removed. Moving aside then checking the
+   * inode narrows the race where two breakers both break and one removes the other's fresh
+   * lock; a residual race remains (both then run `fn`), which is one reason the lease is only
+   * advisory and the store fences.
+   */
+  async #withLock<T>(volume: string, fn: () => Promise<T>): Promise<T> {
+    const lock = path.join(this.dir, `${volume}.lock`);
+    const giveUp = performance.now() + this.#lockStaleMs + 2000;
+    for (let attempt = 0; ; attempt++) {
+      try {
+        const fh = await fsp.open(lock, 'wx');
+        try { await fh.writeFile(JSON.stringify({ pid: process.pid, hostname: HOSTNAME })); } finally { await fh.close(); }
+        break;
+      } catch (err) {
+        if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw ioError(`cannot create ${lock}`, err);
+      }
+      await this.#breakIfStale(lock);
+      if (performance.now() > giveUp) {
+        throw new StoreUnavailableError(`lease lock ${lock} has been held for more than ${Math.round(this.#lockStaleMs / 1000)} s; if no baton process is running, remove it`);
+      }
+      await sleep(Math.min(20, 1 + attempt) + Math.random() * 3);
+    }
+    try {
+      return await fn();
+    } finally {
+      await fsp.unlink(lock).catch(() => {});
+    }
+  }
+
+  async #breakIfStale(lock: string): Promise<void> {
+    let st: fs.Stats;
+    try { st = await fsp.stat(lock); } catch { return; }
+    const age = Date.now() - st.mtimeMs;
+    let dead = false;
+    if (age > 50) {
+      try {
+        const o = JSON.parse(await fsp.readFile(lock, 'utf8')) as { pid?: unknown; hostname?: unknown };
+        dead = o.hostname === HOSTNAME && typeof o.pid === 'number' && !pidAlive(o.pid);
+      } catch { /* empty or being written: judge by age */ }
+    }
+    if (!dead && age < this.#lockStaleMs) return;
+    const aside = `${lock}.${process.pid}.${randomBytes(4).toString('hex')}.stale`;
+    try { await fsp.rename(lock, aside); } catch { return; }
+    try {
+      const st2 = await fsp.stat(aside);
+      if (st2.ino !== st.ino) {
+        // We moved a fresh lock someone took meanwhile: put it back unless yet another exists.
+        await fsp.link(aside, lock).catch(() => {});
+      } else {
+        this.#log.warn({ lock, ageMs: Math.round(age), dead }, 'broke a stale lease lock');
+      }
+    } finally {
+      await fsp.unlink(aside).catch(() => {});
+    }
+  }
+
+  /** Sleep up to `ms`, waking early when the volume's lease file changes. */
+  #waitForChange(volume: string, ms: number): Promise<void> {
+    return new Promise((resolve) => {
+      const name = `${volume}.lease`;
+      const done = (): void => { clearTimeout(timer); this.#unlisten(name, done); resolve(); };
+      const timer = setTimeout(done, Math.max(1, ms));
+      this.#listen(name, done);
+    });
+  }
+
+  #listen(file: string, fn: () => void): void {
+    let set = this.#listeners.get(file);
+    if (!set) { set = new Set(); this.#listeners.set(file, set); }
+    set.add(fn);
+    if (!this.#watcher && !this.#closed) {
+      try {
+        this.#watcher = fs.watch(this.dir, { persistent: false }, (_event, name) => {
+          const fns = name ? this.#listeners.get(name.toString()) : undefined;
+          if (fns) for (const f of [...fns]) f();
+        });
+        this.#watcher.on('error', () => this.#stopWatcher());
+      } catch (err) {
+        // No inotify (or similar): renewals and polling still work, just slower.
+        this.#log.debug({ dir: this.dir, err: errorMessage(err) }, 'fs.watch unavailable for lease files');
+      }
+    }
+  }
+
+  #unlisten(file: string, fn: () => void): void {
+    const set = this.#listeners.get(file);
+    if (!set) return;
+    set.delete(fn);
+    if (set.size === 0) this.#listeners.delete(file);
+    if (this.#listeners.size === 0) this.#stopWatcher();
+  }
+
+  #stopWatcher(): void {
+    this.#watcher?.close();
+    this.#watcher = null;
+  }
+
+  #ensureDir(): Promise<void> {
+    this.#dirReady ??= fsp.mkdir(this.dir, { recursive: true }).then(
+      () => undefined,
+      (err: unknown) => { this.#dirReady = null; throw ioError(`cannot create ${this.dir}`, err); },
+    );
+    return this.#dirReady;
+  }
+
+  #checkOpen(): void {
+    if (this.#closed) throw new InvalidArgumentError('the lease manager is closed');
+  }
+
+  #leasePath(volume: string): string { return path.join(this.dir, `${volume}.lease`); }
+  #tokenPath(volume: string): string { return path.join(this.dir, `${volume}.token`); }
+}
+
+function takenReason(f: LeaseFile | null): string {
+  if (!f) return 'the lease file is gone (released or expired and cleaned up)';
+  if (f.holder === '') return `the lease was released${f.reservedFor ? ` for ${f.reservedFor}` : ''}`;
+  return `${f.holder} holds it now (token ${f.token})`;
+}
