@@ -198,15 +198,24 @@ export class VolumeExports implements ExportProvider {
     while (s.refs > 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 5));
     try {
       await ov.backend.flush();
-      await ov.close();
+    } catch (err) {
+      // Unflushed data exists only here. Do not reserve the lease for the new host: it
+      // would serve a state without that data. Fence, give the lease back plainly, and say
+      // so loudly; the data that never reached the store is lost with this attempt.
+      this.opts.log.error({ volume: name, to, err: errorMessage(err) }, 'handoff failed: the final flush did not reach the store');
+      ov.volume?.fenceLocally('handoff flush failed');
+      await ov.close().catch(() => {});
+      await lease?.release().catch(() => {});
+      return;
+    }
+    await ov.close().catch(() => {});
+    try {
       await lease?.release(to);
       this.opts.log.info({ volume: name, to, ms: Math.round(performance.now() - t0) }, 'volume handed off');
     } catch (err) {
-      // The flush failed: keep the lease (the data is only here) and say so loudly; the
-      // new host's attach will fail until this host succeeds or its lease expires.
-      this.opts.log.error({ volume: name, to, err: errorMessage(err) }, 'handoff failed: could not flush; keeping the volume');
-      ov.volume?.fenceLocally('handoff flush failed');
-      await lease?.release().catch(() => {});
+      // Flushed and closed; the lease was already gone (or Redis is unreachable): the new
+      // host gets the volume when the lease expires instead of at once.
+      this.opts.log.warn({ volume: name, to, err: errorMessage(err) }, 'handed off, but the lease could not be reserved for the new host; it will acquire after the TTL');
     }
   }
 

@@ -188,21 +188,27 @@ async function crashRounds(t: ExecutionContext, target: Target, o: RoundsOptions
 
     // A quarter of the rounds are bulk: mostly 1..3 MiB writes, so one flush usually carries
     // more than a segment (8 MiB) and commits upload segments before their log record.
-    const bulk = rng() < 0.25;
-    const plan = planKill(rng, o.slow, bulk ? 3 : 6);
+    // Some are commit-heavy: a FLUSH after every write or two and many FUA writes, so the log
+    // passes a checkpoint (every 64 records) and later recoveries start from one.
+    const flavor = rng();
+    const bulk = flavor < 0.25;
+    const commitHeavy = !bulk && flavor < 0.4;
+    const plan = planKill(rng, o.slow, bulk ? 3 : commitHeavy ? 80 : 6);
     // Like nbdfuse: up to 4 connections, writes on any, a FLUSH on one covers them all.
     const connections = rng() < 0.5 ? 1 : randInt(rng, 2, 4);
     const wopts: Omit<WriterOptions, 'exportName' | 'rng' | 'onEvent'> = bulk
       ? { flushEvery: randInt(rng, 4, 8), depth: randInt(rng, 2, 6), maxRunBlocks: 16, bigWriteRate: 0.8, bigRunBlocks: [256, 768], fuaRate: 0, zeroRate: 0.02, hotBlocks: 0 }
-      : {
-        flushEvery: randInt(rng, 1, 24),
-        depth: randInt(rng, 1, 8),
-        maxRunBlocks: randInt(rng, 1, 32),
-        bigWriteRate: rng() < 0.3 ? 0.15 : 0.02,
-        fuaRate: rng() < 0.5 ? 0.05 : 0,
-        zeroRate: 0.03,
-        hotBlocks: rng() < 0.5 ? 256 : 0,
-      };
+      : commitHeavy
+        ? { flushEvery: randInt(rng, 1, 2), depth: randInt(rng, 1, 4), maxRunBlocks: 8, bigWriteRate: 0, fuaRate: 0.3, zeroRate: 0.05, hotBlocks: 512 }
+        : {
+          flushEvery: randInt(rng, 1, 24),
+          depth: randInt(rng, 1, 8),
+          maxRunBlocks: randInt(rng, 1, 32),
+          bigWriteRate: rng() < 0.3 ? 0.15 : 0.02,
+          fuaRate: rng() < 0.5 ? 0.05 : 0,
+          zeroRate: 0.03,
+          hotBlocks: rng() < 0.5 ? 256 : 0,
+        };
     const wrng = rngFrom(randInt(rng, 0, 2 ** 31));
     const killDelayTick = plan.kind === 'flush-in-flight' ? plan.delay : 'sync';
 
@@ -265,7 +271,7 @@ async function crashRounds(t: ExecutionContext, target: Target, o: RoundsOptions
     const badErrnos = Object.keys(stats.errnos).filter((e) => e !== '5');
     t.deepEqual(badErrnos, [], `a failed flush or write must be EIO, got errnos ${JSON.stringify(stats.errnos)}`);
     if (!o.faultsFor) t.is(stats.flushesFailed, 0, `no flush may fail without injected faults (errnos ${JSON.stringify(stats.errnos)})`);
-    t.log(`[${target.label}] round ${round + 1}: kill ${planName(plan)} -> killed with ${point}; ${bulk ? 'bulk, ' : ''}k=${wopts.flushEvery} depth=${wopts.depth} conns=${connections}: ` +
+    t.log(`[${target.label}] round ${round + 1}: kill ${planName(plan)} -> killed with ${point}; ${bulk ? 'bulk, ' : commitHeavy ? 'commit-heavy, ' : ''}k=${wopts.flushEvery} depth=${wopts.depth} conns=${connections}: ` +
       `${stats.writesSent} writes (${(stats.bytesSent / 1048576).toFixed(1)} MiB), flushes ${stats.flushesOk} ok / ${stats.flushesFailed} EIO, FUA ${stats.fuaOk}; ` +
       `${model.pendingBlocks()} blocks with unacknowledged writes; ${stats.elapsedMs} ms${faults ? `; faults ${JSON.stringify(faults)}` : ''}`);
 

@@ -104,7 +104,17 @@ async function host(t: ExecutionContext, target: Target, id: string, o: HostOpti
     '--host-id', id, '--lease-ttl', String(TTL_S), '--cache-dir', cache, '--idle-grace', String(o.idleGrace ?? 0.5),
     '--on-held', o.onHeld ?? 'refuse', '--held-wait', '20', ...(o.redis ? ['--redis', o.redis] : []),
   ];
-  return startBatonServer(t, { store: target.store, extraArgs: args, env: { ...target.env, ...o.env } });
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await startBatonServer(t, { store: target.store, extraArgs: args, env: { ...target.env, ...o.env } });
+    } catch (err) {
+      // BUG (see the failing test "file: store: concurrent put+delete ..."): two servers that
+      // start at once on one file: store can make each other's startup probe fail with
+      // ENOENT. That bug has its own test; here, start again.
+      if (attempt >= 3 || !/_probe.*ENOENT/.test(String(err))) throw err;
+      t.log(`host ${id}: startup probe hit the file: store delete race (attempt ${attempt}); starting again`);
+    }
+  }
 }
 
 /** `baton ARGS` without blocking the event loop (a writer may be running meanwhile). */
@@ -842,4 +852,75 @@ test.serial('embedded lease (no --redis): a second server on the same file: stor
   for (let i = 4; i < 8; i++) expectBlock(t, got[i]!, i, SALT_B, 1, 'B flushed it');
   await x2.close();
   await auditLog(t, target);
+});
+
+// ------------------------------------------------------------------ known bugs (test.failing)
+
+/**
+ * BUG in `baton handoff` (cli/baton.ts, the wait loop after requestHandoff): it waits until
+ * the lease is gone or `reservedFor === --to`, but a target that is already waiting for the
+ * volume (a client attached to it with --on-held wait, or --on-held takeover) acquires the
+ * reservation within a millisecond or two of the release. The key then says `holder: b`,
+ * which the loop does not recognise: the command keeps polling until b lets the volume go,
+ * and if b keeps it longer than --wait, exits 1 with "b did not release w within N s"
+ * although the handoff succeeded (and when it does return, "released for b in N ms" counts
+ * b's whole session). Fix: also stop when `l.holder === opts.to`.
+ * Repro: A holds w; a client waits on B (--on-held wait); `baton handoff w --to b --wait 3`
+ * -> exit 1, "b did not release w within 3 s", while B serves w. Three handoffs back and
+ * forth here; each may catch the reservation window by luck (a few ms out of 20 ms polls), all
+ * three do so very rarely.
+ */
+(haveRedis ? test.serial.failing : test.serial.skip)('BUG: `baton handoff` reports a timeout when the target host takes the volume at once', async (t) => {
+  const redis = await startRedis(t);
+  const target = fileTarget(t);
+  createVolume(target);
+  const hosts: Record<string, BatonServer> = {};
+  for (const id of ['a', 'b']) hosts[id] = await host(t, target, id, { redis: redis.url, onHeld: 'wait' });
+  let holder = await BlockClient.attachOk(hosts.a!.socket, SALT_A);
+  const outcomes: string[] = [];
+  for (const [from, to] of [['a', 'b'], ['b', 'a'], ['a', 'b']] as const) {
+    // A client is already waiting on the target, as after a reconnect.
+    const waiting = BlockClient.attach(hosts[to]!.socket, SALT_B);
+    await sleep(300);
+    const r = await batonAsync(['handoff', VOL, '--to', to, '--wait', '3', '--redis', redis.url, '--store', target.store]);
+    const next = await waiting;
+    t.true(next instanceof BlockClient, `${to} serves after the handoff`);
+    outcomes.push(`${from}->${to}: exit ${r.code} ${(r.stdout + r.stderr).trim()}`);
+    await holder.close();
+    if (!(next instanceof BlockClient)) return;
+    holder = next;
+  }
+  await holder.close();
+  t.log(outcomes.join('\n'));
+  for (const o of outcomes) t.regex(o, /exit 0 volume w released for/, o);
+});
+
+/**
+ * BUG in LocalDirObjectStore.delete (src/store/local-dir.ts): after unlinking the object it
+ * fsyncs the parent directory; if another process (or store instance) emptied and removed
+ * that directory in between (its own delete climbing up with rmdir), the open() for the fsync
+ * fails with ENOENT and the delete throws an IoError, although the object is gone. Seen for
+ * real: two `baton serve` started at once on one file: store, one exits at startup with
+ * "delete _probe/...: ENOENT: no such file or directory, open 'STORE/_probe'" (the create-only
+ * probe of each server puts and deletes a key under _probe/). Fix: treat ENOENT (and
+ * ENOTDIR) from that fsyncDir as done. Repro: two LocalDirObjectStore on one directory, each
+ * looping put + delete of its own keys under one prefix; within ~50 rounds one delete throws.
+ */
+test.serial.failing('BUG: file: store: concurrent put+delete under one prefix from two stores (two servers starting at once) fails with ENOENT', async (t) => {
+  const { LocalDirObjectStore } = await import('../../src/store/local-dir.js');
+  const root = tempDir(t, 'baton-store-race-');
+  const stores = [new LocalDirObjectStore(root), new LocalDirObjectStore(root)];
+  const errors: string[] = [];
+  await Promise.all(stores.map(async (s, n) => {
+    for (let i = 0; i < 400 && errors.length === 0; i++) {
+      const key = `_probe/${n}-${i}`;
+      try {
+        await s.put(key, Buffer.from('probe'), { ifNoneMatch: true });
+        await s.delete(key);
+      } catch (err) {
+        errors.push(`${key}: ${String(err)}`);
+      }
+    }
+  }));
+  t.deepEqual(errors, []);
 });
