@@ -199,13 +199,15 @@ export class VolumeExports implements ExportProvider {
     try {
       await ov.backend.flush();
     } catch (err) {
-      // Unflushed data exists only here. Do not reserve the lease for the new host: it
-      // would serve a state without that data. Fence, give the lease back plainly, and say
-      // so loudly; the data that never reached the store is lost with this attempt.
-      this.opts.log.error({ volume: name, to, err: errorMessage(err) }, 'handoff failed: the final flush did not reach the store');
-      ov.volume?.fenceLocally('handoff flush failed');
-      await ov.close().catch(() => {});
-      await lease?.release().catch(() => {});
+      // Unflushed data exists only here: handing over now would lose it. Keep the lease and
+      // the volume (dirty data included), take writes again, and say so; the handoff can be
+      // asked for again once the store is reachable.
+      this.opts.log.error({ volume: name, to, err: errorMessage(err) }, 'handoff refused: the final flush did not reach the store; keeping the volume and its unflushed data');
+      ov.volume?.undrain();
+      if (!this.served.has(name)) {
+        this.served.set(name, s);
+        if (s.refs === 0) s.idleTimer = setTimeout(() => void this.closeIdle(s), this.opts.idleGraceMs);
+      }
       return;
     }
     await ov.close().catch(() => {});

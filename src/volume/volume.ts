@@ -685,6 +685,9 @@ export class Volume implements BlockBackend {
   /** Graceful handoff: refuse new writes (ESHUTDOWN) from now on; flush still works. */
   drain(): void { this.draining = true; }
 
+  /** A handoff that could not complete: take writes again. */
+  undrain(): void { this.draining = false; }
+
   /** For the lease layer: stop writing now (lease lost or handed over). */
   fenceLocally(reason: string): void { this.fence(reason); }
 

@@ -865,7 +865,7 @@ test.serial('embedded lease (no --redis): a second server on the same file: stor
  * and if b keeps it longer than --wait, exits 1 with "b did not release w within N s"
  * although the handoff succeeded (and when it does return, "released for b in N ms" counts
  * b's whole session). Fix: also stop when `l.holder === opts.to`.
- * Repro: A holds w; a client waits on B (--on-held wait); `baton handoff w --to b --wait 3`
+ * Repro: A holds w; a client waits on B (--on-held wait); `baton handoff w --to b --wait 2`
  * -> exit 1, "b did not release w within 3 s", while B serves w. Three handoffs back and
  * forth here; each may catch the reservation window by luck (a few ms out of 20 ms polls), all
  * three do so very rarely.
@@ -882,7 +882,7 @@ test.serial('embedded lease (no --redis): a second server on the same file: stor
     // A client is already waiting on the target, as after a reconnect.
     const waiting = BlockClient.attach(hosts[to]!.socket, SALT_B);
     await sleep(300);
-    const r = await batonAsync(['handoff', VOL, '--to', to, '--wait', '3', '--redis', redis.url, '--store', target.store]);
+    const r = await batonAsync(['handoff', VOL, '--to', to, '--wait', '2', '--redis', redis.url, '--store', target.store]);
     const next = await waiting;
     t.true(next instanceof BlockClient, `${to} serves after the handoff`);
     outcomes.push(`${from}->${to}: exit ${r.code} ${(r.stdout + r.stderr).trim()}`);
