@@ -55,6 +55,12 @@ function catalogFor(o: StoreFlags, extra: CatalogOptions = {}) {
   return openCatalog(o.store, { ...extra, ...(o.endpoint ? { endpoint: o.endpoint } : {}), ...(o.region ? { region: o.region } : {}) });
 }
 
+/** Aligned columns for humans (stdout); the first row is the header. */
+function printTable(rows: string[][]): void {
+  const widths = rows[0]!.map((_, i) => Math.max(...rows.map((r) => r[i]!.length)));
+  for (const r of rows) process.stdout.write(r.map((c, i) => c.padEnd(widths[i]!)).join('  ').trimEnd() + '\n');
+}
+
 function printJson(v: unknown): void {
   process.stdout.write(JSON.stringify(v, null, 2) + '\n');
 }
@@ -176,9 +182,7 @@ withStore(program.command('ls')
     if (opts.json) { printJson(vols.map(volumeJson)); return; }
     if (vols.length === 0) { process.stdout.write(`no volumes in ${opts.store} (create one: baton create NAME --size 10G)\n`); return; }
     const fmt = (n: number | undefined): string => (n === undefined ? '-' : formatSize(n));
-    const rows = [['NAME', 'SIZE', 'STORED', 'WRITTEN', 'EXCLUSIVE', 'SHARED', 'CREATED'], ...vols.map((v) => [v.name, formatSize(v.size), formatSize(v.storedBytes), fmt(v.writtenBytes), fmt(v.exclusiveBytes), fmt(v.sharedBytes), v.createdAt])];
-    const widths = rows[0]!.map((_, i) => Math.max(...rows.map((r) => r[i]!.length)));
-    for (const r of rows) process.stdout.write(r.map((c, i) => c.padEnd(widths[i]!)).join('  ').trimEnd() + '\n');
+    printTable([['NAME', 'SIZE', 'STORED', 'WRITTEN', 'EXCLUSIVE', 'SHARED', 'CREATED'], ...vols.map((v) => [v.name, formatSize(v.size), formatSize(v.storedBytes), fmt(v.writtenBytes), fmt(v.exclusiveBytes), fmt(v.sharedBytes), v.createdAt])]);
   });
 
 withStore(program.command('info')
@@ -314,12 +318,10 @@ withLease(withStore(program.command('status')
       const all = await leases.list();
       if (opts.json) { printJson(all); return; }
       if (all.length === 0) { process.stdout.write('no volume is being served\n'); return; }
-      const rows = [['VOLUME', 'HOLDER', 'TOKEN', 'TTL', 'DIRTY', 'LAST FLUSH', 'ADDRESS'], ...all.map((l) => [
+      printTable([['VOLUME', 'HOLDER', 'TOKEN', 'TTL', 'DIRTY', 'LAST FLUSH', 'ADDRESS'], ...all.map((l) => [
         l.volume, l.holder || (l.reservedFor ? `(reserved for ${l.reservedFor})` : '-'), String(l.token), `${(l.ttlMs / 1000).toFixed(1)}s`,
         l.status ? formatSize(l.status.dirtyBytes) : '-', l.status?.lastFlushAt ?? '-', l.status?.address ?? '-',
-      ])];
-      const widths = rows[0]!.map((_, i) => Math.max(...rows.map((r) => r[i]!.length)));
-      for (const r of rows) process.stdout.write(r.map((c, i) => c.padEnd(widths[i]!)).join('  ').trimEnd() + '\n');
+      ])]);
     } finally {
       await leases.close();
     }

@@ -10,6 +10,19 @@ import { NBD_STATE_HOLE, NBD_STATE_ZERO } from '../../nbd/constants.js';
 
 const PAGE = 64 * 1024;
 
+/** The pieces of [offset, offset+length) by page: page index, offset in page, length, offset in the range. */
+function* pages(offset: number, length: number): IterableIterator<[number, number, number, number]> {
+  let pos = offset;
+  const end = offset + length;
+  while (pos < end) {
+    const idx = Math.floor(pos / PAGE);
+    const inPage = pos - idx * PAGE;
+    const n = Math.min(PAGE - inPage, end - pos);
+    yield [idx, inPage, n, pos - offset];
+    pos += n;
+  }
+}
+
 export class MemoryBackend implements BlockBackend {
   private readonly pages = new Map<number, Buffer>();
 
@@ -24,16 +37,10 @@ export class MemoryBackend implements BlockBackend {
 
   readSync(offset: number, length: number, into?: Buffer): Buffer {
     const out = into ?? Buffer.allocUnsafe(length); // every byte is written below: copied or zero-filled
-    let pos = offset;
-    const end = offset + length;
-    while (pos < end) {
-      const idx = Math.floor(pos / PAGE);
-      const inPage = pos - idx * PAGE;
-      const n = Math.min(PAGE - inPage, end - pos);
+    for (const [idx, inPage, n, at] of pages(offset, length)) {
       const page = this.pages.get(idx);
-      if (page) page.copy(out, pos - offset, inPage, inPage + n);
-      else out.fill(0, pos - offset, pos - offset + n);
-      pos += n;
+      if (page) page.copy(out, at, inPage, inPage + n);
+      else out.fill(0, at, at + n);
     }
     return out;
   }
@@ -43,19 +50,13 @@ export class MemoryBackend implements BlockBackend {
   }
 
   writeSync(offset: number, data: Buffer): void {
-    let pos = offset;
-    const end = offset + data.length;
-    while (pos < end) {
-      const idx = Math.floor(pos / PAGE);
-      const inPage = pos - idx * PAGE;
-      const n = Math.min(PAGE - inPage, end - pos);
+    for (const [idx, inPage, n, at] of pages(offset, data.length)) {
       let page = this.pages.get(idx);
       if (!page) {
         page = Buffer.alloc(PAGE);
         this.pages.set(idx, page);
       }
-      data.copy(page, inPage, pos - offset, pos - offset + n);
-      pos += n;
+      data.copy(page, inPage, at, at + n);
     }
   }
 
@@ -71,15 +72,9 @@ export class MemoryBackend implements BlockBackend {
   }
 
   private zeroSync(offset: number, length: number): void {
-    let pos = offset;
-    const end = offset + length;
-    while (pos < end) {
-      const idx = Math.floor(pos / PAGE);
-      const inPage = pos - idx * PAGE;
-      const n = Math.min(PAGE - inPage, end - pos);
+    for (const [idx, inPage, n] of pages(offset, length)) {
       if (n === PAGE) this.pages.delete(idx);
       else this.pages.get(idx)?.fill(0, inPage, inPage + n);
-      pos += n;
     }
   }
 

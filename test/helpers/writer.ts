@@ -30,6 +30,7 @@
  */
 
 import { crc32 } from 'node:zlib';
+import { seededRandom } from '../../src/store/decorators.js';
 import {
   ClosedError, CMD, CMD_FLAG_FUA, RawClient, ReadTimeoutError, SIMPLE_REPLY_MAGIC, TFLAG, requestFrame,
 } from './nbd-raw.js';
@@ -43,17 +44,7 @@ const ZERO_BLOCK = Buffer.alloc(BLOCK);
 
 // ------------------------------------------------------------------ seeded randomness
 
-/** mulberry32: small, fast, reproducible from a seed. */
-export function rngFrom(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
+export const rngFrom = seededRandom;
 
 export const randInt = (rng: () => number, lo: number, hi: number): number => lo + Math.floor(rng() * (hi - lo + 1));
 
@@ -253,6 +244,27 @@ export class BlockModel {
   }
 }
 
+// ------------------------------------------------------------------ connecting
+
+/**
+ * Connect and GO, retrying a refused GO (an error reply, e.g. the volume failed to open
+ * because injected store faults broke its recovery or its takeover record) up to `retries`
+ * times. A server that refuses every time is reported with its last answer.
+ */
+export async function connectGo(socket: string, exportName: string, retries = 0): Promise<{ client: RawClient; size: bigint; eflags: number }> {
+  for (let attempt = 0; ; attempt++) {
+    const client = await RawClient.connect(socket);
+    try {
+      const { size, eflags } = await client.handshakeGo(exportName);
+      return { client, size, eflags };
+    } catch (err) {
+      client.destroy();
+      if (attempt >= retries || !(err instanceof Error && err.message.startsWith('GO '))) throw err;
+      await new Promise((r) => setTimeout(r, 100 + 100 * attempt));
+    }
+  }
+}
+
 // ------------------------------------------------------------------ the writer
 
 export type WriterEvent =
@@ -302,6 +314,8 @@ export interface WriterOptions {
   /** After stopping normally: FLUSH until one succeeds (at most this many tries). 0: no final flush. */
   finalFlushTries?: number;
   replyTimeoutMs?: number;
+  /** Retry a refused GO this many times (store faults can make a volume open fail). */
+  goRetries?: number;
   /** Called synchronously: a crash test may SIGKILL the server from here. */
   onEvent?: (e: WriterEvent, s: WriterStatus) => void;
 }
@@ -391,9 +405,8 @@ export async function runWriter(socket: string, model: BlockModel, o: WriterOpti
     const nconn = Math.max(1, o.connections ?? 1);
     let eflags = 0;
     for (let i = 0; i < nconn; i++) {
-      const c = await RawClient.connect(socket);
+      const { client: c, ...hs } = await connectGo(socket, o.exportName, o.goRetries ?? 0);
       clients.push(c);
-      const hs = await c.handshakeGo(o.exportName);
       if (hs.size < BigInt(model.blocks * BLOCK)) throw new Error(`export ${o.exportName} has ${hs.size} bytes, the model needs ${model.blocks * BLOCK}`);
       eflags = hs.eflags;
     }
@@ -574,7 +587,7 @@ export interface VerifyResult {
 }
 
 /** Read every block of the model through a fresh connection and check each against the model. */
-export async function verifyVolume(socket: string, exportName: string, model: BlockModel, opts: { chunkBlocks?: number; maxProblems?: number } = {}): Promise<VerifyResult> {
+export async function verifyVolume(socket: string, exportName: string, model: BlockModel, opts: { chunkBlocks?: number; maxProblems?: number; goRetries?: number } = {}): Promise<VerifyResult> {
   const t0 = Date.now();
   const chunk = opts.chunkBlocks ?? 256;
   const maxProblems = opts.maxProblems ?? 20;
@@ -583,9 +596,8 @@ export async function verifyVolume(socket: string, exportName: string, model: Bl
     res.problemCount++;
     if (res.problems.length < maxProblems) res.problems.push(p);
   };
-  const client = await RawClient.connect(socket);
+  const { client, size } = await connectGo(socket, exportName, opts.goRetries ?? 0);
   try {
-    const { size } = await client.handshakeGo(exportName);
     if (size < BigInt(model.blocks * BLOCK)) throw new Error(`export ${exportName} has ${size} bytes, the model needs ${model.blocks * BLOCK}`);
     let cookie = 1n;
     for (let start = 0; start < model.blocks; start += chunk) {

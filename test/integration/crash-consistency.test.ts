@@ -43,6 +43,16 @@ const VOLUME = 'crash';
 const VOLUME_SIZE = 32 * 1024 * 1024;
 const BLOCKS = VOLUME_SIZE / BLOCK;
 
+/**
+ * Each host takes the volume's single-writer lease (a lease file; free at once when its holder
+ * is dead, as after SIGKILL). A long TTL: on a loaded 2-core machine a server's renewals
+ * (every TTL/3) can be late by seconds, and a lease given up as lost closes every client
+ * connection, which is the lease's business, not this test's.
+ */
+const LEASE_ARGS = ['--lease-ttl', '60'];
+/** Store faults can make a volume open (recovery, takeover record) fail: clients reconnect. */
+const GO_RETRIES = 5;
+
 const FAULTS_10 = { latencyMs: 20, errorRate: 0.1, lostReplyRate: 0.05, timeoutRate: 0.02, timeoutMs: 200 };
 /**
  * At 10% the retry layer (6 attempts) absorbs nearly everything, so flushes almost never fail.
@@ -74,7 +84,7 @@ async function startHost(t: ExecutionContext, target: Target, faults?: { seed?: 
     const env = { ...target.env, ...(f ? { BATON_FAULTS: JSON.stringify(f) } : {}) };
     const cache = path.join(tempDir(t, 'baton-cache-'), 'cache');
     try {
-      return await startBatonServer(t, { store: target.store, extraArgs: [...target.storeArgs, '--cache-dir', cache], env, logLevel: 'info' });
+      return await startBatonServer(t, { store: target.store, extraArgs: [...target.storeArgs, '--cache-dir', cache, ...LEASE_ARGS], env, logLevel: 'info' });
     } catch (err) {
       // The store probe at startup goes through the faults too; a real failure repeats.
       if (!faults || attempt >= 4) throw err;
@@ -164,12 +174,19 @@ async function crashRounds(t: ExecutionContext, target: Target, o: RoundsOptions
   let faults = o.faultsFor?.(hostNo++);
   let server = await startHost(t, target, faults);
 
+  const tail = (): string => `server stderr (tail):\n${server.stderr().split('\n').slice(-25).join('\n')}`;
   const verify = async (round: number, what: string): Promise<VerifyResult | null> => {
-    const v = await verifyVolume(server.socket, VOLUME, model);
+    let v: VerifyResult;
+    try {
+      v = await verifyVolume(server.socket, VOLUME, model, { goRetries: GO_RETRIES });
+    } catch (err) {
+      t.log(`[${target.label}] seed ${o.seed}, ${what}: reading the volume failed: ${String(err)}\n${tail()}`);
+      throw err;
+    }
     const ok = v.problemCount === 0;
     t.true(ok, `[${target.label}] seed ${o.seed}, ${what}: ${describeProblems(v)}`);
     if (!ok) {
-      t.log(`server stderr (tail):\n${server.stderr().split('\n').slice(-30).join('\n')}`);
+      t.log(tail());
       return null;
     }
     let acked = 0;
@@ -250,7 +267,10 @@ async function crashRounds(t: ExecutionContext, target: Target, o: RoundsOptions
     };
     let stats: WriterStats;
     try {
-      stats = await runWriter(server.socket, model, { ...wopts, connections, exportName: VOLUME, rng: wrng, onEvent, replyTimeoutMs: 60_000 });
+      stats = await runWriter(server.socket, model, { ...wopts, connections, exportName: VOLUME, rng: wrng, onEvent, replyTimeoutMs: 60_000, goRetries: GO_RETRIES });
+    } catch (err) {
+      t.log(`[${target.label}] seed ${o.seed}, round ${round + 1} (${planName(plan)}): the writer failed: ${String(err)}\n${tail()}`);
+      throw err;
     } finally {
       for (const x of timers) clearTimeout(x);
       kill(true);
@@ -317,13 +337,14 @@ async function rgwTarget(t: ExecutionContext, label: string): Promise<Target> {
   return {
     label,
     store: `s3://${bucket}/crash`,
-    env: { AWS_ACCESS_KEY_ID: s3.accessKeyId, AWS_SECRET_ACCESS_KEY: s3.secretAccessKey, AWS_REGION: s3.region },
+    // BATON_HOME: the lease files of s3:// volumes live under $BATON_HOME/leases, keyed by volume name only.
+    env: { AWS_ACCESS_KEY_ID: s3.accessKeyId, AWS_SECRET_ACCESS_KEY: s3.secretAccessKey, AWS_REGION: s3.region, BATON_HOME: tempDir(t, 'baton-home-') },
     storeArgs: ['--endpoint', s3.endpoint],
   };
 }
 
 function fileTarget(t: ExecutionContext, label: string): Target {
-  return { label, store: `file:${path.join(tempDir(t, 'baton-crash-store-'), 'store')}`, env: {}, storeArgs: [] };
+  return { label, store: `file:${path.join(tempDir(t, 'baton-crash-store-'), 'store')}`, env: { BATON_HOME: tempDir(t, 'baton-home-') }, storeArgs: [] };
 }
 
 // ------------------------------------------------------------------ variants
@@ -383,7 +404,7 @@ test('a flush that fails with EIO keeps the data: reads still see it, a later fl
   //    so a lost block cannot hide behind a later rewrite).
   const s1 = await runWriter(server.socket, model, {
     exportName: VOLUME, rng: rngFrom(seed), flushEvery: 4, depth: 4, maxRunBlocks: 8, bigWriteRate: 0.01, connections: 2,
-    stopWhen: (s) => s.flushesFailed >= 2, durationMs: 60_000,
+    stopWhen: (s) => s.flushesFailed >= 2, durationMs: 60_000, goRetries: GO_RETRIES,
   });
   t.log(`phase 1: ${s1.writesSent} writes, flushes ${s1.flushesOk} ok / ${s1.flushesFailed} EIO (errnos ${JSON.stringify(s1.errnos)}), ${s1.elapsedMs} ms`);
   t.is(s1.endedBy, 'done');
@@ -394,13 +415,13 @@ test('a flush that fails with EIO keeps the data: reads still see it, a later fl
   // 2. Right after the EIO: the server still serves every write it replied to (nothing dropped).
   const latest = new Uint32Array(BLOCKS);
   for (let b = 0; b < BLOCKS; b++) latest[b] = Math.max(...model.allowed(b));
-  const v1 = await verifyVolume(server.socket, VOLUME, model);
+  const v1 = await verifyVolume(server.socket, VOLUME, model, { goRetries: GO_RETRIES });
   t.is(v1.problemCount, 0, describeProblems(v1));
   const notLatest = [...v1.observed.keys()].filter((b) => v1.observed[b] !== latest[b] && !(model.zeroGens.has(v1.observed[b]!) && model.zeroGens.has(latest[b]!)));
   t.deepEqual(notLatest.slice(0, 10), [], `after an EIO flush, reads must still return the newest data (${notLatest.length} blocks do not)`);
 
   // 3. A later flush succeeds (retried until it does) and covers everything, including what the failed ones did not persist.
-  const s2 = await runWriter(server.socket, model, { exportName: VOLUME, rng: rngFrom(seed + 1), flushEvery: 1, maxWrites: 0, finalFlushTries: 40 });
+  const s2 = await runWriter(server.socket, model, { exportName: VOLUME, rng: rngFrom(seed + 1), flushEvery: 1, maxWrites: 0, finalFlushTries: 40, goRetries: GO_RETRIES });
   t.log(`phase 2: ${s2.flushesSent} flushes to get one through (${s2.flushesFailed} EIO)`);
   t.true(s2.flushesOk >= 1, 'a later flush succeeded');
   t.true(model.allRepliedCovered, 'the last successful flush covers every write replied to');

@@ -10,6 +10,7 @@ import test from 'ava';
 import { BatonError, InvalidArgumentError, ProtocolError } from '../../src/errors.js';
 import * as codec from '../../nbd/codec.js';
 import * as V from '../fixtures/nbd-vectors.js';
+import { seededRandom } from '../../src/store/decorators.js';
 
 const { hex } = V;
 
@@ -369,17 +370,7 @@ test('valid UTF-8 that contains U+FFFD itself is accepted', (t) => {
 
 // ------------------------------------------------------------------ fuzz
 
-/** mulberry32: small, seeded, good enough to pick mutations reproducibly. */
-function prng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let x = a;
-    x = Math.imul(x ^ (x >>> 15), x | 1);
-    x ^= x + Math.imul(x ^ (x >>> 7), x | 61);
-    return ((x ^ (x >>> 14)) >>> 0) / 4294967296;
-  };
-}
+const prng = seededRandom;
 
 type Decoder = { name: string; fn: (b: Buffer) => unknown; seeds: Buffer[] };
 

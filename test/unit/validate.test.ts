@@ -10,6 +10,7 @@ import { Worker } from 'node:worker_threads';
 import type { Request } from '../../nbd/codec.js';
 import { alignExtents, transmissionFlags, validateRequest, type ValidationContext } from '../../nbd/validate.js';
 import { COOKIE } from '../fixtures/nbd-vectors.js';
+import { seededRandom } from '../../src/store/decorators.js';
 
 // Spec values, spelled out (§1.1).
 const CMD = { READ: 0, WRITE: 1, DISC: 2, FLUSH: 3, TRIM: 4, CACHE: 5, WRITE_ZEROES: 6, BLOCK_STATUS: 7, RESIZE: 8 } as const;
@@ -316,17 +317,7 @@ test('alignExtents: an unaligned start passes the extents through (as copies)', 
   t.is(input[0]!.length, 412);
 });
 
-/** mulberry32 */
-function prng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let x = a;
-    x = Math.imul(x ^ (x >>> 15), x | 1);
-    x ^= x + Math.imul(x ^ (x >>> 7), x | 61);
-    return ((x ^ (x >>> 14)) >>> 0) / 4294967296;
-  };
-}
+const prng = seededRandom;
 
 test('alignExtents property (seeded): sound flags, aligned ends, non-empty, never longer than the input', (t) => {
   const rnd = prng(7);
