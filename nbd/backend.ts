@@ -34,8 +34,13 @@ export interface BlockBackend {
    * fill it and resolve to it; every byte must be written, holes included.
    */
   read(offset: number, length: number, into?: Buffer): Promise<Buffer>;
-  /** `data` is owned by the backend after the call (the session never reuses it). */
+  /**
+   * `data` is owned by the backend after the call, unless the backend sets
+   * `copiesWrites`: then it promises not to keep a reference once the call resolved, and
+   * the session may reuse the buffer (a pooled payload buffer: less garbage per request).
+   */
   write(offset: number, data: Buffer, fua: boolean): Promise<void>;
+  readonly copiesWrites?: boolean;
   flush(): Promise<void>;
   trim(offset: number, length: number, fua: boolean): Promise<void>;
   zero(offset: number, length: number, options: ZeroOptions): Promise<void>;

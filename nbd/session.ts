@@ -323,13 +323,19 @@ export class NbdSession {
         throw new EndSession();
       }
       let payload: Buffer | undefined;
+      let pooledPayload: Buffer | undefined;
       if (req.type === C.NBD_CMD_WRITE) {
         // A WRITE payload must be consumed even when the request is refused; one we will not
         // buffer leaves no way to stay in sync, so that is the one case we hang up.
         if (req.length > this.opts.maxPayload) throw new ProtocolError(`write payload of ${req.length} bytes exceeds ${this.opts.maxPayload}`);
         await this.acquireSlot(req.length);
         try {
-          payload = req.length > 0 ? await this.readFrame(req.length) : Buffer.alloc(0);
+          if (req.length === 0) payload = Buffer.alloc(0);
+          else if (backend.copiesWrites && req.length >= 16 * 1024) {
+            const into = acquireBuffer(req.length);
+            payload = this.reader.tryRead(req.length, into) ?? await this.reader.read(req.length, into);
+            pooledPayload = into;
+          } else payload = await this.readFrame(req.length);
         } catch (err) {
           this.releaseSlot(req.length); // the client vanished mid-payload: nothing will be dispatched
           throw err;
@@ -337,7 +343,7 @@ export class NbdSession {
       } else {
         await this.acquireSlot(req.type === C.NBD_CMD_READ ? Math.min(req.length, this.opts.maxPayload) : 0);
       }
-      this.dispatch(backend, ctx, req, payload);
+      this.dispatch(backend, ctx, req, payload, pooledPayload);
     }
   }
 
@@ -366,9 +372,10 @@ export class NbdSession {
   }
 
   /** Called synchronously in arrival order; the backend call starts before this returns. */
-  private dispatch(backend: BlockBackend, ctx: ValidationContext, req: codec.Request, payload: Buffer | undefined): void {
+  private dispatch(backend: BlockBackend, ctx: ValidationContext, req: codec.Request, payload: Buffer | undefined, pooledPayload?: Buffer): void {
     const slotBytes = req.type === C.NBD_CMD_WRITE ? req.length : req.type === C.NBD_CMD_READ ? Math.min(req.length, this.opts.maxPayload) : 0;
-    const done = (): void => this.releaseSlot(slotBytes);
+    // A pooled payload goes back once the request is over (the backend copied it).
+    const done = (): void => { if (pooledPayload) releaseBuffer(pooledPayload); this.releaseSlot(slotBytes); };
     const v = validateRequest(req, ctx);
     if (!v.ok) {
       this.opts.log.debug({ cmd: COMMAND_NAMES[req.type] ?? req.type, errno: v.errno, msg: v.message }, 'request refused');
