@@ -216,7 +216,7 @@ const md = [
   '# Handoff and takeover times',
   '',
   `${machine.date}, ${machine.nproc} cores (${machine.cpuModel}), load average ${machine.loadavgAtStart.join(' ')} at the start, node ${machine.node}, baton ${machine.batonCommit ?? '?'} (+ working tree).`,
-  `Two \`baton serve\` hosts on one \`file:\` store (${root}), lease in redis-server on a Unix socket, \`--lease-ttl ${TTL_S}\`, \`--on-held wait\`, ${RUNS} runs each; a checksummed writer (FLUSH every 4 writes, 4 in flight), handoff or kill after ${FLUSHES} acknowledged flushes per phase.`,
+  `Two \`baton serve\` hosts on one \`file:\` store in a temp dir, lease in redis-server on a Unix socket, \`--lease-ttl ${TTL_S}\`, \`--on-held wait\`, ${RUNS} runs each; a checksummed writer (FLUSH every 4 writes, 4 in flight), handoff or kill after ${FLUSHES} acknowledged flushes per phase.`,
   '',
   markdownTable(['ms', 'median', 'best', 'worst', 'target'], rows, ['l', 'r', 'r', 'r', 'l']),
   `Read back after all ${2 * RUNS} moves through a third host: ${v.problemCount === 0 ? `all ${v.blocks} blocks as the writer's model allows (every acknowledged FLUSH survived)` : describeProblems(v)}.`,

@@ -2,8 +2,8 @@
 # Macro-benchmarks (`npm run bench`): build, then run each scenario. Knobs are environment
 # variables, see bench/README.md: SIZE (1G), RUNTIME (fio seconds, 10), REPEAT (1),
 # LOCAL (1), PROFILE (0) for nbd-throughput; STEPS, FLUSH_RUNTIME, LATENCY_MS, COPY_SIZE … for
-# volume. SCENARIOS picks scenarios (default: "nbd-throughput volume"). Results land in
-# bench/results/ (table .md, everything .json).
+# volume; RUNS, LEASE_TTL for handoff. SCENARIOS picks scenarios (default: "nbd-throughput
+# volume handoff"). Results land in bench/results/ (table .md, everything .json).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! npx tsc -p .; then
@@ -11,7 +11,7 @@ if ! npx tsc -p .; then
   npx tsc -p bench/tsconfig.json
 fi
 failed=()
-for s in ${SCENARIOS:-nbd-throughput volume}; do
+for s in ${SCENARIOS:-nbd-throughput volume handoff}; do
   if [[ "$s" == volume ]] && { [[ $EUID -ne 0 ]] || ! command -v radosgw >/dev/null; }; then
     # radosgw (scripts/rgw.sh) and losetup/mount for ext4 over nbdfuse.
     echo "bench: skipping volume: it needs root and radosgw (scripts/install-deps.sh)" >&2

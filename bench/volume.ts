@@ -18,7 +18,7 @@
  *
  * Knobs (environment): STEPS (flush,npm,cold,puts), FLUSH_RUNTIME (fio seconds, 20),
  * LATENCY_MS (20), FS_SIZE (volume for npm/git, 4G), COLD_SIZE (10G), COPY_SIZE (1G),
- * NPM_PACKAGES (40), NPM_FILES (files per package, 100).
+ * NPM_PACKAGES (40), NPM_FILES (files per package, 100), NPM_PASSES (2).
  * Results: bench/results/volume.md (tables) and volume.json (everything, incl. commands).
  */
 
@@ -45,6 +45,7 @@ const COLD_SIZE = envSize('COLD_SIZE', '10G');
 const COPY_SIZE = envSize('COPY_SIZE', '1G');
 const NPM_PACKAGES = Math.max(1, Math.floor(envNumber('NPM_PACKAGES', 40)));
 const NPM_FILES = Math.max(1, Math.floor(envNumber('NPM_FILES', 100)));
+const NPM_PASSES = Math.max(1, Math.floor(envNumber('NPM_PASSES', 2)));
 const BUCKET = 'bench';
 
 const log = (s: string): void => { process.stderr.write(s + '\n'); };
@@ -409,6 +410,7 @@ function countFiles(dir: string): number {
 
 interface FsRun {
   target: string;
+  pass: number;
   setup: Record<string, number>;
   npmCiS: number;
   npmSyncS: number;
@@ -421,12 +423,12 @@ interface FsRun {
   error?: string;
 }
 
-async function fsWorkload(target: string, root: string, project: NpmProject, b: BatonOnRgw | null): Promise<FsRun> {
+async function fsWorkload(target: string, pass: number, root: string, project: NpmProject, b: BatonOnRgw | null): Promise<FsRun> {
   const app = path.join(root, 'app');
   fs.cpSync(project.proj, app, { recursive: true });
   await runCommand(['sync', '-f', root]);
   const npmEnv = { ...process.env, npm_config_update_notifier: 'false' };
-  const npmArgv = ['npm', 'ci', ...npmOfflineArgs(path.join(work, `npm-cache-${target.replace(/\W+/g, '-')}`))];
+  const npmArgv = ['npm', 'ci', ...npmOfflineArgs(path.join(work, `npm-cache-${target.replace(/\W+/g, '-')}-${pass}`))];
   const syncArgv = ['sync', '-f', root];
   const gitArgv = ['git', 'clone', '-q', `file://${project.repo}`, path.join(root, 'clone')];
   const run = async (argv: string[], cwd?: string): Promise<number> =>
@@ -440,12 +442,12 @@ async function fsWorkload(target: string, root: string, project: NpmProject, b: 
   const npm = await measure(async () => ({ ci: await run(npmArgv, app), sync: await run(syncArgv) }));
   const git = await measure(async () => ({ clone: await run(gitArgv), sync: await run(syncArgv) }));
   const res: FsRun = {
-    target, setup: {}, npmCiS: npm.value.ci, npmSyncS: npm.value.sync, gitCloneS: git.value.clone, gitSyncS: git.value.sync,
+    target, pass, setup: {}, npmCiS: npm.value.ci, npmSyncS: npm.value.sync, gitCloneS: git.value.clone, gitSyncS: git.value.sync,
     nodeModulesFiles: countFiles(path.join(app, 'node_modules')), cloneFiles: countFiles(path.join(root, 'clone')) ,
     argv: { npm: npmArgv, sync: syncArgv, git: gitArgv },
     ...(npm.w && git.w ? { store: { npm: npm.w, git: git.w, commitsNpm: npm.commits, commitsGit: git.commits } } : {}),
   };
-  log(`  ${target}: npm ci ${res.npmCiS.toFixed(2)} s + sync ${res.npmSyncS.toFixed(2)} s (${res.nodeModulesFiles} files); ` +
+  log(`  ${target} (pass ${pass + 1}): npm ci ${res.npmCiS.toFixed(2)} s + sync ${res.npmSyncS.toFixed(2)} s (${res.nodeModulesFiles} files); ` +
     `git clone ${res.gitCloneS.toFixed(2)} s + sync ${res.gitSyncS.toFixed(2)} s` +
     (res.store ? `; store during npm: ${res.store.npm.counters.req} requests, ${res.store.commitsNpm} commits, ${formatSize(res.store.npm.counters.putBytes)} put` : ''));
   return res;
@@ -453,17 +455,17 @@ async function fsWorkload(target: string, root: string, project: NpmProject, b: 
 
 async function npmStep(project: NpmProject): Promise<FsRun[]> {
   const out: FsRun[] = [];
-  const guard = async (target: string, fn: () => Promise<FsRun>): Promise<void> => {
+  const guard = async (target: string, pass: number, fn: () => Promise<FsRun>): Promise<void> => {
     try { out.push(await fn()); } catch (e) {
-      log(`  ${target}: ERROR ${(e as Error).message}`);
-      out.push({ target, setup: {}, npmCiS: NaN, npmSyncS: NaN, gitCloneS: NaN, gitSyncS: NaN, nodeModulesFiles: 0, cloneFiles: 0, argv: { npm: [], sync: [], git: [] }, error: (e as Error).message });
+      log(`  ${target} (pass ${pass + 1}): ERROR ${(e as Error).message}`);
+      out.push({ target, pass, setup: {}, npmCiS: NaN, npmSyncS: NaN, gitCloneS: NaN, gitSyncS: NaN, nodeModulesFiles: 0, cloneFiles: 0, argv: { npm: [], sync: [], git: [] }, error: (e as Error).message });
     }
   };
-  const withExt4 = async (target: string, uri: string, dir: string, b: BatonOnRgw | null): Promise<FsRun> => {
+  const withExt4 = async (target: string, pass: number, uri: string, dir: string, b: BatonOnRgw | null): Promise<FsRun> => {
     let stack: Ext4Stack | null = null;
     try {
       stack = await attachExt4(uri, dir, { mkfs: true });
-      const r = await fsWorkload(target, stack.mnt, project, b);
+      const r = await fsWorkload(target, pass, stack.mnt, project, b);
       r.setup = { ...stack.seconds };
       const t = performance.now();
       await stack.teardown();
@@ -473,6 +475,24 @@ async function npmStep(project: NpmProject): Promise<FsRun[]> {
       await stack?.teardown().catch(() => {});
     }
   };
+  const targets: Record<string, (pass: number) => Promise<FsRun>> = {
+    local: async (pass) => {
+      const dir = path.join(work, `local-fs-${pass}`);
+      fs.mkdirSync(dir, { recursive: true });
+      return fsWorkload('local', pass, dir, project, null);
+    },
+    nbdkit: async (pass) => {
+      const dir = path.join(work, `nbdkit-${pass}`);
+      fs.mkdirSync(dir, { recursive: true });
+      const k = await startNbdkit({ dir, plugin: ['memory', String(FS_SIZE)] });
+      note('npm', k.argv);
+      try { return await withExt4('nbdkit', pass, k.uri, dir, null); } finally { await k.stop(); }
+    },
+    baton: async (pass) => {
+      const b = await startBatonRgw('npm', `npm-baton-${pass}`, `npm-${pass}`, 'npm', FS_SIZE);
+      try { return await withExt4('baton', pass, b.server.uri, path.join(work, `npm-baton-${pass}`), b); } finally { await b.server.stop(); }
+    },
+  };
 
   // Warm-up (not measured): npm's own code into the page cache, so the first target is not penalized.
   {
@@ -481,25 +501,23 @@ async function npmStep(project: NpmProject): Promise<FsRun[]> {
     await runCommand(['npm', 'ci', ...npmOfflineArgs(path.join(work, 'npm-cache-warmup'))], { cwd: warm, timeoutMs: 600_000 });
     fs.rmSync(warm, { recursive: true, force: true });
   }
-  await guard('local', async () => {
-    const dir = path.join(work, 'local-fs');
-    fs.mkdirSync(dir, { recursive: true });
-    return fsWorkload('local', dir, project, null);
-  });
-  if (has('nbdkit')) {
-    await guard('nbdkit', async () => {
-      const dir = path.join(work, 'nbdkit');
-      fs.mkdirSync(dir, { recursive: true });
-      const k = await startNbdkit({ dir, plugin: ['memory', String(FS_SIZE)] });
-      note('npm', k.argv);
-      try { return await withExt4('nbdkit', k.uri, dir, null); } finally { await k.stop(); }
-    });
+  // Passes alternate the order (baton first, then last), so neither side gets the warmer machine every time.
+  const order = ['baton', ...(has('nbdkit') ? ['nbdkit'] : []), 'local'];
+  for (let pass = 0; pass < NPM_PASSES; pass++) {
+    for (const t of pass % 2 === 0 ? order : [...order].reverse()) await guard(t, pass, () => targets[t]!(pass));
   }
-  await guard('baton', async () => {
-    const b = await startBatonRgw('npm', 'npm-baton', 'npm', 'npm', FS_SIZE);
-    try { return await withExt4('baton', b.server.uri, path.join(work, 'npm-baton'), b); } finally { await b.server.stop(); }
-  });
   return out;
+}
+
+/** Means over the passes that did not fail (the table), per target. */
+function npmMeans(runs: FsRun[], target: string): (FsRun & { passes: number }) | null {
+  const ok = runs.filter((r) => r.target === target && !r.error);
+  if (ok.length === 0) return null;
+  const mean = (f: (r: FsRun) => number): number => ok.reduce((a, r) => a + f(r), 0) / ok.length;
+  return {
+    ...ok[0]!, passes: ok.length, npmCiS: mean((r) => r.npmCiS), npmSyncS: mean((r) => r.npmSyncS),
+    gitCloneS: mean((r) => r.gitCloneS), gitSyncS: mean((r) => r.gitSyncS),
+  };
 }
 
 // ------------------------------------------------------------------ 3. cold attach
@@ -777,9 +795,9 @@ function render(r: Report): string {
   for (const f of r.flush ?? []) {
     sum.push([`store requests on the commit path per small flush (${f.label})`, fmt(f.commitPutsPerFlush), '1', ok(Math.abs(f.commitPutsPerFlush - 1) < 0.02 && f.commitsWithSegments === 0)]);
   }
-  const npmB = r.npm?.find((x) => x.target === 'baton');
-  const npmK = r.npm?.find((x) => x.target === 'nbdkit');
-  const npmL = r.npm?.find((x) => x.target === 'local');
+  const npmB = r.npm ? npmMeans(r.npm, 'baton') : null;
+  const npmK = r.npm ? npmMeans(r.npm, 'nbdkit') : null;
+  const npmL = r.npm ? npmMeans(r.npm, 'local') : null;
   if (npmB) {
     const tb = npmB.npmCiS + npmB.npmSyncS;
     if (npmK) { const q = ratio(tb, npmK.npmCiS + npmK.npmSyncS); sum.push(['npm ci + sync, baton+RGW ÷ nbdkit memory', fmtRatio(q), '≤ 1.2×', ok(Number.isFinite(q) ? q <= 1.2 : null)]); }
@@ -836,8 +854,9 @@ function render(r: Report): string {
     L.push(`An offline npm project: ${p.packages} local tarball dependencies (\`file:vendor/*.tgz\`, made by \`npm pack\`, ${formatSize(p.tarballBytes)}), ` +
       `${p.files} small files in all (200 B – 4 KB), lockfile written by npm; \`npm ci --offline\` with an unreachable registry and a fresh cache on local disk.`);
     L.push(`\`git clone file://\` of a local repository of the same ${p.repoFiles} files (2 commits). Each followed by \`sync -f\` (syncfs) of the target filesystem.`);
-    L.push(`baton+RGW and nbdkit: ext4 (\`mkfs.ext4 -q -F\`, ${formatSize(FS_SIZE)}) on nbdfuse + loop, the same path for both; local: a directory in ${m.tmpdir} (${m.tmpdirFs ?? '?'}).\n`);
-    const tg = ['baton', 'nbdkit', 'local'].map((t) => r.npm!.find((x) => x.target === t)).filter((x): x is FsRun => !!x);
+    L.push(`baton+RGW and nbdkit: ext4 (\`mkfs.ext4 -q -F\`, ${formatSize(FS_SIZE)}) on nbdfuse + loop, the same path for both; local: a directory in ${m.tmpdir} (${m.tmpdirFs ?? '?'}).`);
+    L.push(`Every target fresh (new volume / nbdkit / directory) in each of ${NPM_PASSES} passes, the order alternating (baton first, then last), after one unmeasured \`npm ci\` to warm the page cache; the table shows the mean over the passes, the last rows every pass.\n`);
+    const tg = ['baton', 'nbdkit', 'local'].map((t) => npmMeans(r.npm!, t)).filter((x): x is FsRun & { passes: number } => !!x);
     const name = (t: string): string => (t === 'baton' ? 'baton + RGW' : t === 'nbdkit' ? 'nbdkit memory' : 'local disk');
     const val = (f: (x: FsRun) => number): string[] => {
       const v = tg.map(f);
@@ -852,15 +871,17 @@ function render(r: Report): string {
       ['sync after git clone, s', ...val((x) => x.gitSyncS)],
       ['**git clone + sync, s**', ...val((x) => x.gitCloneS + x.gitSyncS)],
       ['files in node_modules / in the clone', ...tg.map((x) => `${x.nodeModulesFiles} / ${x.cloneFiles}`), '', ''],
+      ['npm ci + sync per pass, s', ...tg.map((x) => r.npm!.filter((y) => y.target === x.target).map((y) => fmt(y.npmCiS + y.npmSyncS)).join(', ')), '', ''],
+      ['git clone + sync per pass, s', ...tg.map((x) => r.npm!.filter((y) => y.target === x.target).map((y) => fmt(y.gitCloneS + y.gitSyncS)).join(', ')), '', ''],
     ];
     L.push(markdownTable(['', ...tg.map((x) => name(x.target)), 'baton ÷ nbdkit', 'baton ÷ local'], rows, ['l', ...tg.map(() => 'r' as const), 'r', 'r']));
     if (npmB?.store) {
       const s = npmB.store;
-      L.push(`Store traffic of baton meanwhile: npm ci + sync ${s.npm.counters.req} requests (${fmtBreakdown(s.npm.breakdown)}), ${s.commitsNpm} commits, ${formatSize(s.npm.counters.putBytes)} PUT; ` +
+      L.push(`Store traffic of baton meanwhile (pass ${npmB.pass + 1}): npm ci + sync ${s.npm.counters.req} requests (${fmtBreakdown(s.npm.breakdown)}), ${s.commitsNpm} commits, ${formatSize(s.npm.counters.putBytes)} PUT; ` +
         `git clone + sync ${s.git.counters.req} requests (${fmtBreakdown(s.git.breakdown)}), ${s.commitsGit} commits, ${formatSize(s.git.counters.putBytes)} PUT.`);
       L.push(`Setup (not timed above): ${tg.filter((x) => x.setup.mkfs !== undefined).map((x) => `${name(x.target)} mkfs ${fmt(x.setup.mkfs)} s, mount ${fmt(x.setup.mount)} s, umount+detach ${fmt(x.setup.teardown)} s`).join('; ')}.\n`);
     }
-    for (const x of tg.filter((y) => y.error)) L.push(`**${name(x.target)} failed**: ${x.error!.split('\n')[0]}\n`);
+    for (const x of r.npm.filter((y) => y.error)) L.push(`**${name(x.target)} failed (pass ${x.pass + 1})**: ${x.error!.split('\n')[0]}\n`);
   }
 
   // ---- 3. cold
@@ -959,7 +980,7 @@ async function main(): Promise<void> {
   log(`volume bench: ${machine.nproc} cores, load ${machine.loadavgAtStart.join(' ')}, temp dir ${work}`);
   const report: Report = {
     machine, loadavgAtEnd: [], durationS: NaN, rgwStartS: NaN,
-    knobs: { STEPS: [...STEPS].join(','), FLUSH_RUNTIME, LATENCY_MS, FS_SIZE: formatSize(FS_SIZE), COLD_SIZE: formatSize(COLD_SIZE), COPY_SIZE: formatSize(COPY_SIZE), NPM_PACKAGES, NPM_FILES },
+    knobs: { STEPS: [...STEPS].join(','), FLUSH_RUNTIME, LATENCY_MS, FS_SIZE: formatSize(FS_SIZE), COLD_SIZE: formatSize(COLD_SIZE), COPY_SIZE: formatSize(COPY_SIZE), NPM_PACKAGES, NPM_FILES, NPM_PASSES },
     errors: [], commands, tools: {
       radosgw: (await runCommand(['radosgw', '--version']).catch(() => null))?.stdout.trim().split('\n')[0]?.replace(/\s*\([0-9a-f]{40}\)/, '') ?? null,
       npm: (await runCommand(['npm', '--version']).catch(() => null))?.stdout.trim() ?? null,
@@ -1022,9 +1043,10 @@ async function main(): Promise<void> {
   report.loadavgAtEnd = os.loadavg().map((x) => Math.round(x * 100) / 100);
   report.durationS = since(t0);
   const md = render(report);
-  // The per-request lists are only needed for the breakdowns; the JSON keeps those, not every request.
+  // The per-request lists are only needed for the breakdowns; the JSON keeps those, not every request
   keepLogs();
-  const json: unknown = JSON.parse(JSON.stringify(report, (k, v: unknown) => (k === 'requests' ? undefined : v)));
+  // (short lists, like the cold attach's, are kept: they show every request)
+  const json: unknown = JSON.parse(JSON.stringify(report, (k, v: unknown) => (k === 'requests' && Array.isArray(v) && v.length > 200 ? undefined : v)));
   const files = writeResults('volume', md, json);
   process.stdout.write(md);
   log(`results: ${files.md}, ${files.json} (${report.durationS.toFixed(0)} s)`);

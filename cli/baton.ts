@@ -298,7 +298,8 @@ Examples:
       const deadline = Date.now() + opts.wait * 1000;
       for (;;) {
         const l = await leases.inspect(name);
-        if (!l || !l.holder || l.reservedFor === opts.to) break;
+        // Done once it is free, reserved for the new host, or already taken by it.
+        if (!l || !l.holder || l.reservedFor === opts.to || l.holder === opts.to) break;
         if (Date.now() > deadline) throw new BatonError('BATON_ERR_TIMEOUT', `${l.holder} did not release ${name} within ${opts.wait} s; it may be flushing a lot of data, or unable to reach the store (see its log)`);
         await new Promise((r) => setTimeout(r, 20));
       }

@@ -240,8 +240,26 @@ export class VolumeExports implements ExportProvider {
     s.statusTimer = null;
   }
 
+  /**
+   * The last client left a while ago: flush, close, give the lease back. If the flush fails
+   * the volume stays open with its dirty data (a later client sees it, and a later FLUSH
+   * still has to land it) and closing is tried again later: acknowledged writes are never
+   * dropped because nobody is attached.
+   */
   private async closeIdle(s: Served): Promise<void> {
     if (s.refs > 0 || this.served.get(s.name) !== s) return;
+    const { ov } = await s.opening;
+    if (!ov.backend.readOnly) {
+      try {
+        await ov.backend.flush();
+      } catch (err) {
+        const retryMs = Math.min(Math.max(this.opts.idleGraceMs * 2, 1000), 30_000);
+        this.opts.log.warn({ volume: s.name, err: errorMessage(err), retryMs }, 'idle volume could not be flushed; keeping it open and trying again');
+        if (s.refs === 0 && this.served.get(s.name) === s) s.idleTimer = setTimeout(() => void this.closeIdle(s), retryMs);
+        return;
+      }
+    }
+    if (s.refs > 0 || this.served.get(s.name) !== s) return; // a client came back meanwhile
     this.served.delete(s.name);
     await this.closeVolume(s);
   }
@@ -255,7 +273,7 @@ export class VolumeExports implements ExportProvider {
         if (!ov.backend.readOnly) await ov.backend.flush();
       } catch (err) {
         flushed = false;
-        this.opts.log.error({ volume: s.name, err: errorMessage(err) }, 'final flush failed; unflushed data is lost with this process');
+        this.opts.log.error({ volume: s.name, err: errorMessage(err) }, 'final flush at shutdown failed: writes no FLUSH acknowledged are lost with this process');
       }
       await ov.close().catch(() => {});
       await lease?.release();

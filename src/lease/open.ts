@@ -6,6 +6,7 @@
  * fence keeps data safe either way).
  */
 
+import { createHash } from 'node:crypto';
 import * as path from 'node:path';
 import { batonHome } from '../config.js';
 import type { Logger } from '../log.js';
@@ -24,7 +25,8 @@ export function localLeaseDir(storeUrl: string): string {
     if (dir.startsWith('//')) dir = dir.slice(2);
     return path.join(path.resolve(dir), '.leases');
   }
-  return path.join(batonHome(), 'leases');
+  // One directory per store, so equal volume names in two buckets do not share a lease.
+  return path.join(batonHome(), 'leases', createHash('sha256').update(storeUrl).digest('hex').slice(0, 16));
 }
 
 export async function openLeaseManager(o: LeaseManagerOptions): Promise<LeaseManager> {

@@ -379,7 +379,12 @@ export class LocalDirObjectStore implements ObjectStore {
         if (code === 'ENOENT' || code === 'ENOTDIR') return;
         throw err;
       }
-      await fsyncDir(dir);
+      try {
+        await fsyncDir(dir);
+      } catch (err) {
+        // Another process removed the directory we emptied: the unlink itself is done.
+        if (errnoOf(err) !== 'ENOENT') throw err;
+      }
       // Remove emptied directories up to (not including) the root, so deleted volumes leave no
       // trees behind. Not fsync'ed: an empty directory reappearing after a crash is harmless.
       let d = dir;

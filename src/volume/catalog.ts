@@ -66,6 +66,20 @@ export class StoreCatalog implements VolumeCatalog {
     return { id: src.id, seq };
   }
 
+  /**
+   * Write-then-check against a concurrent `rm` of the source: rm deletes the source's
+   * record first and only then looks for descendants; we write our record first and only
+   * then check that the source's record is still there. Whatever the interleaving, either
+   * rm sees our record (and keeps the data) or we see the source gone (and undo the fork).
+   */
+  private async confirmSource(srcName: string, src: VolumeRecord, rec: VolumeRecord): Promise<void> {
+    const still = await this.record(srcName).catch((err) => { if (err instanceof NotFoundError) return null; throw err; });
+    if (still && still.id === src.id) return;
+    await this.opts.store.delete(keys.volumeRecord(rec.name)).catch(() => {});
+    await this.opts.store.delete(keys.meta(rec.id)).catch(() => {});
+    throw new NotFoundError(`${srcName} was removed while ${rec.name} was being made from it; nothing was created`);
+  }
+
   /** O(1) fork: a new writable volume whose map starts as SRC's (a volume or NAME@SNAP) at its last acknowledged flush. */
   async fork(srcName: string, dstName: string): Promise<VolumeInfo> {
     checkExportName(srcName);
@@ -74,6 +88,7 @@ export class StoreCatalog implements VolumeCatalog {
     const parent = await this.forkPoint(src);
     const rec: VolumeRecord = { format: 'baton-volume-1', name: dstName, id: randomBytes(8).toString('hex'), size: src.size, createdAt: new Date().toISOString(), parent };
     await this.putRecord(rec);
+    await this.confirmSource(srcName, src, rec);
     return { name: dstName, size: rec.size, createdAt: rec.createdAt, storedBytes: 0, kind: 'volume', parent };
   }
 
@@ -86,6 +101,7 @@ export class StoreCatalog implements VolumeCatalog {
     const parent = await this.forkPoint(src);
     const rec: VolumeRecord = { format: 'baton-volume-1', name, id: randomBytes(8).toString('hex'), size: src.size, createdAt: new Date().toISOString(), parent, snapshot: true };
     await this.putRecord(rec);
+    await this.confirmSource(volumeName, src, rec);
     return { name, size: rec.size, createdAt: rec.createdAt, storedBytes: 0, kind: 'snapshot', parent };
   }
 

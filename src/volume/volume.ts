@@ -742,9 +742,20 @@ export class Volume implements BlockBackend {
     };
   }
 
-  /** Flush what is dirty (unless fenced) and stop. */
+  /**
+   * Flush what is dirty (unless fenced) and stop. A writer leaves a checkpoint behind, so
+   * the next host (a handoff, a later attach) recovers with one read instead of replaying
+   * the log since the last one.
+   */
   async close(): Promise<void> {
-    if (!this.readOnly && !this.fencedError) await this.flush();
+    if (!this.readOnly && !this.fencedError) {
+      await this.flush();
+      while (this.checkpointing) await new Promise((r) => setTimeout(r, 5));
+      if (this.nextSeq - 1 > this.lastCheckpointSeq && !this.fencedError) {
+        this.maybeCheckpoint(true);
+        while (this.checkpointing) await new Promise((r) => setTimeout(r, 5));
+      }
+    }
     this.closed = true;
     this.wakeWriters();
     while (this.checkpointing) await new Promise((r) => setTimeout(r, 10));

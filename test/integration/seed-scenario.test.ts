@@ -158,9 +158,14 @@ async function hashTree(root: string, skip: (rel: string) => boolean = () => fal
   return Object.fromEntries(out.sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)));
 }
 
+/**
+ * A host: a new process with an empty cache dir. It takes the volume's lease (a lease file,
+ * free at once when its holder is dead); a long TTL, so that late renewals on a loaded machine
+ * do not make it give the lease up (which closes nbdfuse's connections: EIO under ext4).
+ */
 async function startHost(t: ExecutionContext, target: Target): Promise<BatonServer> {
   const cache = path.join(tempDir(t, 'baton-seed-cache-'), 'cache');
-  return startBatonServer(t, { store: target.store, env: target.env, extraArgs: [...target.storeArgs, '--cache-dir', cache] });
+  return startBatonServer(t, { store: target.store, env: target.env, extraArgs: [...target.storeArgs, '--cache-dir', cache, '--lease-ttl', '60'] });
 }
 
 /** nbdfuse + loop (+ mkfs) + mount; each layer's teardown registered as soon as it exists. */
@@ -203,10 +208,11 @@ serial('seed scenario: git clone + npm ci + git commit on ext4, SIGKILL the serv
     const bucket = await makeTestBucket(s3);
     target = {
       label: 'Ceph RGW', store: `s3://${bucket}/seed`, storeArgs: ['--endpoint', s3.endpoint],
-      env: { AWS_ACCESS_KEY_ID: s3.accessKeyId, AWS_SECRET_ACCESS_KEY: s3.secretAccessKey, AWS_REGION: s3.region },
+      // BATON_HOME: s3:// volumes keep their lease files under $BATON_HOME/leases, by volume name.
+      env: { AWS_ACCESS_KEY_ID: s3.accessKeyId, AWS_SECRET_ACCESS_KEY: s3.secretAccessKey, AWS_REGION: s3.region, BATON_HOME: tempDir(t, 'baton-seed-home-') },
     };
   } else {
-    target = { label: 'file:', store: `file:${path.join(tempDir(t, 'baton-seed-store-'), 'store')}`, env: {}, storeArgs: [] };
+    target = { label: 'file:', store: `file:${path.join(tempDir(t, 'baton-seed-store-'), 'store')}`, env: { BATON_HOME: tempDir(t, 'baton-seed-home-') }, storeArgs: [] };
   }
   t.log(`store: ${target.label} ${target.store}`);
   const created = baton(['create', VOLUME, '--size', String(VOLUME_SIZE), '--store', target.store, ...target.storeArgs], target.env);
