@@ -59,9 +59,18 @@ class FileSlab implements Slab {
       done += n;
     }
   }
+  /**
+   * Writes go through the thread pool: a commit writes tens of MiB through to the cache at
+   * once, and doing that synchronously stalled the event loop for seconds (long enough to
+   * miss lease renewals). Reads stay synchronous (small, and from the page cache).
+   */
   async write(slot: number, data: Buffer): Promise<void> {
     let done = 0;
-    while (done < data.length) done += fs.writeSync(this.fd, data, done, data.length - done, slot * CACHE_BLOCK + done);
+    while (done < data.length) {
+      done += await new Promise<number>((resolve, reject) => {
+        fs.write(this.fd, data, done, data.length - done, slot * CACHE_BLOCK + done, (err, n) => (err ? reject(err) : resolve(n)));
+      });
+    }
   }
   async close(): Promise<void> { fs.closeSync(this.fd); }
 }

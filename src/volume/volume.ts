@@ -617,9 +617,14 @@ export class Volume implements BlockBackend {
     const inlineParts = parts;
     const inlineLength = partBytes;
 
-    const segBodies = segments.map((s) => Buffer.concat(s.parts, s.size));
+    // Each segment is assembled just before its upload, not all at once: a big commit
+    // would otherwise hold the event loop for the whole copy.
+    const segBodies: Buffer[] = new Array(segments.length);
     await mapLimit(segments, this.uploadConcurrency, async (s, i) => {
-      await this.store.put(s.key, segBodies[i]!);
+      await new Promise((r) => setImmediate(r));
+      const body = Buffer.concat(s.parts, s.size);
+      segBodies[i] = body;
+      await this.store.put(s.key, body);
     });
 
     const header: LogHeader = {
