@@ -24,12 +24,14 @@ async function lifecycle(t: import('ava').ExecutionContext, store: string, env: 
   t.is(ls.status, 0, ls.stderr);
   t.deepEqual((JSON.parse(ls.stdout) as { name: string }[]).map((v) => v.name), ['alpha', 'beta']);
   const table = baton(['ls', '--store', store], env);
-  t.regex(table.stdout, /^NAME\s+SIZE\s+STORED\s+CREATED/m);
+  t.regex(table.stdout, /^NAME\s+SIZE\s+STORED\s+WRITTEN\s+EXCLUSIVE\s+SHARED\s+CREATED/m);
   t.regex(table.stdout, /alpha\s+1 GiB/);
 
   const info = baton(['info', 'beta', '--store', store, '--json'], env);
   t.is(info.status, 0);
-  t.like(JSON.parse(info.stdout), { name: 'beta', size: 512 * 1024 ** 2, storedBytes: 0 });
+  const beta = JSON.parse(info.stdout) as { storedBytes: number };
+  t.like(beta, { name: 'beta', kind: 'volume', size: 512 * 1024 ** 2, writtenBytes: 0, exclusiveBytes: 0, sharedBytes: 0 });
+  t.true(beta.storedBytes < 1024, 'a new volume stores only its small record');
 
   const rm = baton(['rm', 'alpha', '--store', store], env);
   t.is(rm.status, 0, rm.stderr);
