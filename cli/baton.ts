@@ -206,11 +206,21 @@ withStore(program.command('info')
     process.stdout.write(lines.join('\n') + '\n');
   });
 
-withStore(program.command('rm')
-  .description('remove a volume and its data')
-  .argument('<name>'))
-  .addHelpText('after', '\nExamples:\n  $ baton rm scratch')
-  .action(async (name: string, opts: StoreFlags) => {
+withLease(withStore(program.command('rm')
+  .description('remove a volume (or NAME@SNAP) and its data; refused while a host serves it')
+  .argument('<name>')))
+  .option('--force', 'remove even if a host holds its lease (that host\'s clients lose the volume)')
+  .addHelpText('after', '\nExamples:\n  $ baton rm scratch\n  $ baton rm work@monday\n  $ baton rm work --redis redis://10.0.0.5:6379')
+  .action(async (name: string, opts: StoreFlags & LeaseFlags & { force?: boolean }) => {
+    if (!opts.force && !name.includes('@')) {
+      const leases = await leaseManagerFor(opts);
+      try {
+        const l = await leases.inspect(name);
+        if (l && l.holder) throw new BatonError('BATON_ERR_LEASE_HELD', `volume ${name} is being served by ${l.holder}; detach its clients (the lease is given back after --idle-grace) or hand it over, then retry; --force removes it anyway`);
+      } finally {
+        await leases.close();
+      }
+    }
     const r = await catalogFor(opts).remove(name);
     process.stdout.write(r.keptForRelatives
       ? `removed ${name}; its data stays in the store because forks or snapshots still use it\n`
