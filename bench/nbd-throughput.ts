@@ -16,7 +16,7 @@
  * server order alternates and the table shows medians.
  *
  * Knobs (environment): SIZE (1G), RUNTIME (fio seconds, 10), REPEAT (1), BATON_STORES
- * (`memory:,ram:`; the first one is judged against the targets), LOCAL (1: also measure the
+ * (`ram:,memory:`; the first one, the plain memory backend the issue compares with nbdkit memory, is judged against the targets), LOCAL (1: also measure the
  * local disk), PROFILE (0: 1 runs baton under `node --cpu-prof` and lists the hottest
  * functions; the numbers of such a run are not comparable).
  * Results: bench/results/nbd-throughput.md (table) and .json (everything, incl. raw fio jobs);
@@ -39,7 +39,7 @@ const REPEAT = Math.max(1, Math.floor(envNumber('REPEAT', 1)));
 const LOCAL = envFlag('LOCAL', true);
 const PROFILE = envFlag('PROFILE', false);
 const VOLUME = 'bench';
-const BATON_STORES = (process.env.BATON_STORES || 'memory:,ram:').split(',').map((x) => x.trim()).filter(Boolean);
+const BATON_STORES = (process.env.BATON_STORES || 'ram:,memory:').split(',').map((x) => x.trim()).filter(Boolean);
 
 /** What one pass runs against. `id` names the column ("baton memory:", "nbdkit", "local"). */
 interface Target {

@@ -4,6 +4,7 @@
 # LOCAL (1), PROFILE (0) for nbd-throughput; STEPS, FLUSH_RUNTIME, LATENCY_MS, COPY_SIZE … for
 # volume; RUNS, LEASE_TTL for handoff. SCENARIOS picks scenarios (default: "nbd-throughput
 # volume handoff"). Results land in bench/results/ (table .md, everything .json).
+# fork (fork time on 1 GiB/1 TiB volumes, read latency root vs 50-deep fork): FORK_SIZES, WRITTEN, DEPTH, PASSES.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! npx tsc -p .; then
@@ -11,7 +12,7 @@ if ! npx tsc -p .; then
   npx tsc -p bench/tsconfig.json
 fi
 failed=()
-for s in ${SCENARIOS:-nbd-throughput volume handoff}; do
+for s in ${SCENARIOS:-nbd-throughput volume handoff fork}; do
   if [[ "$s" == volume ]] && { [[ $EUID -ne 0 ]] || ! command -v radosgw >/dev/null; }; then
     # radosgw (scripts/rgw.sh) and losetup/mount for ext4 over nbdfuse.
     echo "bench: skipping volume: it needs root and radosgw (scripts/install-deps.sh)" >&2

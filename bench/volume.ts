@@ -80,7 +80,6 @@ function breakdown(reqs: RgwRequest[]): Breakdown {
 }
 
 const count = (b: Breakdown, k: string): number => b[k]?.n ?? 0;
-const bytesOf = (b: Breakdown, k: string): number => b[k]?.bytes ?? 0;
 
 function fmtBreakdown(b: Breakdown): string {
   return Object.entries(b).sort((x, y) => y[1].n - x[1].n)

@@ -41,6 +41,11 @@ export interface BlockBackend {
    */
   write(offset: number, data: Buffer, fua: boolean): Promise<void>;
   readonly copiesWrites?: boolean;
+  /**
+   * Optional scatter form of write for backends that copy: the payload as received pieces,
+   * only valid during the call (copied before it returns, synchronously).
+   */
+  writeChunks?(offset: number, chunks: readonly Buffer[], fua: boolean): Promise<void>;
   flush(): Promise<void>;
   trim(offset: number, length: number, fua: boolean): Promise<void>;
   zero(offset: number, length: number, options: ZeroOptions): Promise<void>;

@@ -17,6 +17,7 @@ export class FrameReader {
   private head = 0; // offset into chunks[0]
   private buffered = 0;
   private waiter: { n: number; into: Buffer | undefined; resolve: (b: Buffer) => void; reject: (e: Error) => void } | null = null;
+  private chunksWaiter: { n: number; resolve: (b: Buffer[]) => void; reject: (e: Error) => void } | null = null;
   private ended = false;
   private paused = false;
 
@@ -46,6 +47,34 @@ export class FrameReader {
   tryRead(n: number, into?: Buffer): Buffer | null {
     if (this.buffered < n) return null;
     const out = this.take(n, into);
+    if (this.paused && this.buffered < this.highWater / 2) this.resume();
+    return out;
+  }
+
+  /**
+   * Exactly `n` bytes as the received pieces (subarrays, no copy): for a consumer that
+   * copies them somewhere anyway, this saves assembling one contiguous buffer.
+   */
+  readChunks(n: number): Promise<Buffer[]> {
+    if (this.buffered >= n) return Promise.resolve(this.takeChunks(n));
+    if (this.ended) return Promise.reject(new ConnectionClosedError());
+    if (this.waiter || this.chunksWaiter) return Promise.reject(new Error('FrameReader: concurrent read'));
+    if (this.paused) this.resume();
+    return new Promise((resolve, reject) => { this.chunksWaiter = { n, resolve, reject }; });
+  }
+
+  private takeChunks(n: number): Buffer[] {
+    this.buffered -= n;
+    const out: Buffer[] = [];
+    let left = n;
+    while (left > 0) {
+      const c = this.chunks[0]!;
+      const k = Math.min(c.length - this.head, left);
+      out.push(c.subarray(this.head, this.head + k));
+      left -= k;
+      this.head += k;
+      if (this.head === c.length) { this.chunks.shift(); this.head = 0; }
+    }
     if (this.paused && this.buffered < this.highWater / 2) this.resume();
     return out;
   }
@@ -81,7 +110,12 @@ export class FrameReader {
       this.waiter = null;
       w.resolve(this.take(w.n, w.into));
     }
-    if (!this.paused && this.buffered > this.highWater && !(this.waiter && this.waiter.n > this.buffered)) {
+    const cw = this.chunksWaiter;
+    if (cw && this.buffered >= cw.n) {
+      this.chunksWaiter = null;
+      cw.resolve(this.takeChunks(cw.n));
+    }
+    if (!this.paused && this.buffered > this.highWater && !(this.waiter && this.waiter.n > this.buffered) && !(this.chunksWaiter && this.chunksWaiter.n > this.buffered)) {
       this.paused = true;
       this.sock.pause();
     }
@@ -98,5 +132,8 @@ export class FrameReader {
     const w = this.waiter;
     this.waiter = null;
     if (w) w.reject(new ConnectionClosedError());
+    const cw = this.chunksWaiter;
+    this.chunksWaiter = null;
+    if (cw) cw.reject(new ConnectionClosedError());
   }
 }

@@ -324,6 +324,7 @@ export class NbdSession {
       }
       let payload: Buffer | undefined;
       let pooledPayload: Buffer | undefined;
+      let chunks: Buffer[] | undefined;
       if (req.type === C.NBD_CMD_WRITE) {
         // A WRITE payload must be consumed even when the request is refused; one we will not
         // buffer leaves no way to stay in sync, so that is the one case we hang up.
@@ -331,7 +332,9 @@ export class NbdSession {
         await this.acquireSlot(req.length);
         try {
           if (req.length === 0) payload = Buffer.alloc(0);
-          else if (backend.copiesWrites && req.length >= 16 * 1024) {
+          else if (backend.writeChunks && req.length >= 16 * 1024) {
+            chunks = await this.reader.readChunks(req.length);
+          } else if (backend.copiesWrites && req.length >= 16 * 1024) {
             const into = acquireBuffer(req.length);
             payload = this.reader.tryRead(req.length, into) ?? await this.reader.read(req.length, into);
             pooledPayload = into;
@@ -343,7 +346,7 @@ export class NbdSession {
       } else {
         await this.acquireSlot(req.type === C.NBD_CMD_READ ? Math.min(req.length, this.opts.maxPayload) : 0);
       }
-      this.dispatch(backend, ctx, req, payload, pooledPayload);
+      this.dispatch(backend, ctx, req, payload, pooledPayload, chunks);
     }
   }
 
@@ -372,7 +375,7 @@ export class NbdSession {
   }
 
   /** Called synchronously in arrival order; the backend call starts before this returns. */
-  private dispatch(backend: BlockBackend, ctx: ValidationContext, req: codec.Request, payload: Buffer | undefined, pooledPayload?: Buffer): void {
+  private dispatch(backend: BlockBackend, ctx: ValidationContext, req: codec.Request, payload: Buffer | undefined, pooledPayload?: Buffer, chunks?: Buffer[]): void {
     const slotBytes = req.type === C.NBD_CMD_WRITE ? req.length : req.type === C.NBD_CMD_READ ? Math.min(req.length, this.opts.maxPayload) : 0;
     // A pooled payload goes back once the request is over (the backend copied it).
     const done = (): void => { if (pooledPayload) releaseBuffer(pooledPayload); this.releaseSlot(slotBytes); };
@@ -389,7 +392,7 @@ export class NbdSession {
     const fua = (req.flags & C.NBD_CMD_FLAG_FUA) !== 0;
     let p: Promise<Reply | null>;
     try {
-      p = this.execute(backend, req, v.offset, v.length, fua, payload);
+      p = this.execute(backend, req, v.offset, v.length, fua, payload, chunks);
     } catch (err) {
       p = Promise.reject(err);
     }
@@ -408,13 +411,14 @@ export class NbdSession {
   }
 
   /** Resolves to the reply frames, or null for a plain success reply. */
-  private execute(backend: BlockBackend, req: codec.Request, offset: number, length: number, fua: boolean, payload: Buffer | undefined): Promise<Reply | null> {
+  private execute(backend: BlockBackend, req: codec.Request, offset: number, length: number, fua: boolean, payload: Buffer | undefined, chunks?: Buffer[]): Promise<Reply | null> {
     switch (req.type) {
       case C.NBD_CMD_READ:
         if (length === 0) return Promise.resolve({ frames: this.readReply(req, Buffer.alloc(0)) });
         return this.pooledRead(backend, offset, length, req);
       case C.NBD_CMD_WRITE:
         if (length === 0) return fua ? backend.flush().then(() => null) : Promise.resolve(null);
+        if (chunks && backend.writeChunks) return backend.writeChunks(offset, chunks, fua).then(() => null);
         return backend.write(offset, payload!, fua).then(() => null);
       case C.NBD_CMD_FLUSH:
         return backend.flush().then(() => null);

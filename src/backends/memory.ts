@@ -62,6 +62,11 @@ export class MemoryBackend implements BlockBackend {
     }
   }
 
+  async writeChunks(offset: number, chunks: readonly Buffer[]): Promise<void> {
+    let pos = offset;
+    for (const c of chunks) { this.writeSync(pos, c); pos += c.length; }
+  }
+
   async flush(): Promise<void> {}
 
   async trim(offset: number, length: number): Promise<void> {

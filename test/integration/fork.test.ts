@@ -40,7 +40,7 @@ import { BLOCK, BlockModel, connectGo, describeProblems, rngFrom, runWriter, ver
 const MiB = 1024 * 1024;
 const GIT = ['-c', 'user.name=baton test', '-c', 'user.email=baton@example.invalid', '-c', 'init.defaultBranch=main', '-c', 'safe.directory=*'];
 
-const MOUNT_TOOLS = ['nbdfuse', 'fusermount3', 'losetup', 'mkfs.ext4', 'e2fsck', 'mount', 'umount', 'git', 'nbdcopy'];
+const MOUNT_TOOLS = ['nbdfuse', 'fusermount3', 'losetup', 'mkfs.ext4', 'e2fsck', 'dumpe2fs', 'mount', 'umount', 'git', 'nbdcopy'];
 const missingMount = MOUNT_TOOLS.filter((tool) => !has(tool));
 const isRoot = process.getuid?.() === 0;
 const canMount = isRoot && missingMount.length === 0 && fs.existsSync('/dev/fuse') && fs.existsSync('/dev/loop-control');
@@ -260,6 +260,8 @@ serial('fork of a live ext4 volume under an fsync loop: the fork mounts (journal
 
   // ---- the fork, served by another server process
   const pf = await attach(t, B, 'live-fork', SIZE);
+  const sb = await runOk('dumpe2fs', ['-h', pf.loop.dev], { timeoutMs: 30_000 });
+  t.regex(sb.stdout, /^Filesystem features:.*needs_recovery/m, 'the fork is a crash image of a mounted ext4: its journal needs replay');
   let mf = await mountExt4(t, pf.loop.dev, mntF); // read-write: the journal replays
   let present = 0;
   for (const [rel, hash] of before) {
