@@ -151,8 +151,8 @@ export interface Mount {
   unmount(): Promise<void>;
 }
 
-export async function mountExt4(t: Teardown, dev: string, dir: string): Promise<Mount> {
-  await runOk('mount', ['-t', 'ext4', dev, dir], { timeoutMs: 30_000 });
+export async function mountExt4(t: Teardown, dev: string, dir: string, options?: string): Promise<Mount> {
+  await runOk('mount', ['-t', 'ext4', ...(options ? ['-o', options] : []), dev, dir], { timeoutMs: 30_000 });
   let done = false;
   const unmount = async (): Promise<void> => {
     if (done) return;

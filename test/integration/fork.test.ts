@@ -97,22 +97,9 @@ async function detach(s: Stack, mount?: Mount): Promise<void> {
   await s.fuse.unmount();
 }
 
-/** mount -o OPTS (mountExt4 without options), with an idempotent teardown registered at once. */
-async function mountWith(t: Teardown, dev: string, dir: string, options: string): Promise<Mount> {
-  await runOk('mount', ['-t', 'ext4', '-o', options, dev, dir], { timeoutMs: 30_000 });
-  let done = false;
-  const unmount = async (): Promise<void> => {
-    if (done) return;
-    done = true;
-    if (!isMountpoint(dir)) return;
-    const r = await run('umount', [dir], { timeoutMs: 60_000 });
-    if (r.code !== 0) {
-      await run('umount', ['-l', dir], { timeoutMs: 10_000 });
-      throw new Error(`umount ${dir} failed (lazily unmounted instead): ${r.output}`);
-    }
-  };
-  t.teardown(unmount);
-  return { dir, unmount };
+/** mount -o OPTS, with an idempotent teardown registered at once. */
+function mountWith(t: Teardown, dev: string, dir: string, options: string): Promise<Mount> {
+  return mountExt4(t, dev, dir, options);
 }
 
 async function writeFileSynced(file: string, data: Buffer | string): Promise<void> {
