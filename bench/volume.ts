@@ -786,7 +786,6 @@ function render(r: Report): string {
   // ---- summary against the goals
   const sum: string[][] = [];
   const f20 = r.flush?.find((x) => x.latencyMs === LATENCY_MS && LATENCY_MS > 0);
-  const f0 = r.flush?.find((x) => x.latencyMs === 0);
   if (f20) {
     sum.push([`FLUSH p50 with +${LATENCY_MS} ms per store request`, `${fmt(f20.syncMs.p50)} ms`, '≤ 25 ms', ok(f20.syncMs.p50 <= 25)]);
     sum.push([`FLUSH p99 with +${LATENCY_MS} ms per store request`, `${fmt(f20.syncMs.p99)} ms`, '≤ 60 ms', ok(f20.syncMs.p99 <= 60)]);

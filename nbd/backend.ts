@@ -34,13 +34,8 @@ export interface BlockBackend {
    * fill it and resolve to it; every byte must be written, holes included.
    */
   read(offset: number, length: number, into?: Buffer): Promise<Buffer>;
-  /**
-   * `data` is owned by the backend after the call, unless the backend sets
-   * `copiesWrites`: then it promises not to keep a reference once the call resolved, and
-   * the session may reuse the buffer (a pooled payload buffer: less garbage per request).
-   */
+  /** `data` is owned by the backend after the call (the session never reuses it). */
   write(offset: number, data: Buffer, fua: boolean): Promise<void>;
-  readonly copiesWrites?: boolean;
   /**
    * Optional scatter form of write for backends that copy: the payload as received pieces,
    * only valid during the call (copied before it returns, synchronously).

@@ -16,7 +16,7 @@ export class FrameReader {
   private chunks: Buffer[] = [];
   private head = 0; // offset into chunks[0]
   private buffered = 0;
-  private waiter: { n: number; into: Buffer | undefined; resolve: (b: Buffer) => void; reject: (e: Error) => void } | null = null;
+  private waiter: { n: number; resolve: (b: Buffer) => void; reject: (e: Error) => void } | null = null;
   private chunksWaiter: { n: number; resolve: (b: Buffer[]) => void; reject: (e: Error) => void } | null = null;
   private ended = false;
   private paused = false;
@@ -30,23 +30,20 @@ export class FrameReader {
 
   get bufferedBytes(): number { return this.buffered; }
 
-  /**
-   * Exactly `n` bytes, or rejects with ConnectionClosedError. With `into` (n bytes), the
-   * frame is always copied into it; otherwise it may be a subarray of a received chunk.
-   */
-  read(n: number, into?: Buffer): Promise<Buffer> {
-    const b = this.tryRead(n, into);
+  /** Exactly `n` bytes (maybe a subarray of a received chunk), or rejects with ConnectionClosedError. */
+  read(n: number): Promise<Buffer> {
+    const b = this.tryRead(n);
     if (b) return Promise.resolve(b);
     if (this.ended) return Promise.reject(new ConnectionClosedError());
     if (this.waiter) return Promise.reject(new Error('FrameReader: concurrent read'));
     if (this.paused && n > this.buffered) this.resume(); // the frame needs more than we hold
-    return new Promise((resolve, reject) => { this.waiter = { n, into, resolve, reject }; });
+    return new Promise((resolve, reject) => { this.waiter = { n, resolve, reject }; });
   }
 
   /** Synchronous fast path: the frame if it is fully buffered, else null. */
-  tryRead(n: number, into?: Buffer): Buffer | null {
+  tryRead(n: number): Buffer | null {
     if (this.buffered < n) return null;
-    const out = this.take(n, into);
+    const out = this.take(n);
     if (this.paused && this.buffered < this.highWater / 2) this.resume();
     return out;
   }
@@ -79,16 +76,16 @@ export class FrameReader {
     return out;
   }
 
-  private take(n: number, into?: Buffer): Buffer {
+  private take(n: number): Buffer {
     this.buffered -= n;
     const first = this.chunks[0]!;
-    if (!into && first.length - this.head >= n) {
+    if (first.length - this.head >= n) {
       const out = first.subarray(this.head, this.head + n);
       this.head += n;
       if (this.head === first.length) { this.chunks.shift(); this.head = 0; }
       return out;
     }
-    const out = into ?? Buffer.allocUnsafe(n);
+    const out = Buffer.allocUnsafe(n);
     let filled = 0;
     while (filled < n) {
       const c = this.chunks[0]!;
@@ -108,7 +105,7 @@ export class FrameReader {
     const w = this.waiter;
     if (w && this.buffered >= w.n) {
       this.waiter = null;
-      w.resolve(this.take(w.n, w.into));
+      w.resolve(this.take(w.n));
     }
     const cw = this.chunksWaiter;
     if (cw && this.buffered >= cw.n) {

@@ -323,7 +323,6 @@ export class NbdSession {
         throw new EndSession();
       }
       let payload: Buffer | undefined;
-      let pooledPayload: Buffer | undefined;
       let chunks: Buffer[] | undefined;
       if (req.type === C.NBD_CMD_WRITE) {
         // A WRITE payload must be consumed even when the request is refused; one we will not
@@ -332,13 +331,9 @@ export class NbdSession {
         await this.acquireSlot(req.length);
         try {
           if (req.length === 0) payload = Buffer.alloc(0);
-          else if (backend.writeChunks && req.length >= 16 * 1024) {
-            chunks = await this.reader.readChunks(req.length);
-          } else if (backend.copiesWrites && req.length >= 16 * 1024) {
-            const into = acquireBuffer(req.length);
-            payload = this.reader.tryRead(req.length, into) ?? await this.reader.read(req.length, into);
-            pooledPayload = into;
-          } else payload = await this.readFrame(req.length);
+          // A backend that copies writes takes the received pieces: no contiguous payload to assemble.
+          else if (backend.writeChunks && req.length >= 16 * 1024) chunks = await this.reader.readChunks(req.length);
+          else payload = await this.readFrame(req.length);
         } catch (err) {
           this.releaseSlot(req.length); // the client vanished mid-payload: nothing will be dispatched
           throw err;
@@ -346,7 +341,7 @@ export class NbdSession {
       } else {
         await this.acquireSlot(req.type === C.NBD_CMD_READ ? Math.min(req.length, this.opts.maxPayload) : 0);
       }
-      this.dispatch(backend, ctx, req, payload, pooledPayload, chunks);
+      this.dispatch(backend, ctx, req, payload, chunks);
     }
   }
 
@@ -375,10 +370,9 @@ export class NbdSession {
   }
 
   /** Called synchronously in arrival order; the backend call starts before this returns. */
-  private dispatch(backend: BlockBackend, ctx: ValidationContext, req: codec.Request, payload: Buffer | undefined, pooledPayload?: Buffer, chunks?: Buffer[]): void {
+  private dispatch(backend: BlockBackend, ctx: ValidationContext, req: codec.Request, payload: Buffer | undefined, chunks?: Buffer[]): void {
     const slotBytes = req.type === C.NBD_CMD_WRITE ? req.length : req.type === C.NBD_CMD_READ ? Math.min(req.length, this.opts.maxPayload) : 0;
-    // A pooled payload goes back once the request is over (the backend copied it).
-    const done = (): void => { if (pooledPayload) releaseBuffer(pooledPayload); this.releaseSlot(slotBytes); };
+    const done = (): void => this.releaseSlot(slotBytes);
     const v = validateRequest(req, ctx);
     if (!v.ok) {
       this.opts.log.debug({ cmd: COMMAND_NAMES[req.type] ?? req.type, errno: v.errno, msg: v.message }, 'request refused');

@@ -15,7 +15,7 @@ import * as path from 'node:path';
 import type { BlockBackend } from '../nbd/backend.js';
 import { FileBackend } from './backends/file.js';
 import { MemoryBackend } from './backends/memory.js';
-import { AlreadyExistsError, InvalidArgumentError, NotFoundError } from './errors.js';
+import { AlreadyExistsError, InvalidArgumentError, NotFoundError, ReadOnlyError } from './errors.js';
 import type { Volume } from './volume/volume.js';
 
 export interface VolumeInfo {
@@ -231,10 +231,10 @@ function readOnlyView(b: BlockBackend): BlockBackend {
     size: b.size,
     readOnly: true,
     read: (o, l, into) => b.read(o, l, into),
-    write: () => Promise.reject(new InvalidArgumentError('read-only')),
+    write: () => Promise.reject(new ReadOnlyError('volume is served read-only')),
     flush: async () => {},
-    trim: () => Promise.reject(new InvalidArgumentError('read-only')),
-    zero: () => Promise.reject(new InvalidArgumentError('read-only')),
+    trim: () => Promise.reject(new ReadOnlyError('volume is served read-only')),
+    zero: () => Promise.reject(new ReadOnlyError('volume is served read-only')),
     blockStatus: (o, l) => b.blockStatus(o, l),
     cache: (o, l) => b.cache(o, l),
   };

@@ -25,8 +25,6 @@ function* pages(offset: number, length: number): IterableIterator<[number, numbe
 
 export class MemoryBackend implements BlockBackend {
   private readonly pages = new Map<number, Buffer>();
-  /** Writes are copied into pages: the session may reuse the payload buffer. */
-  readonly copiesWrites = true;
 
   constructor(readonly size: number, readonly readOnly = false) {}
 

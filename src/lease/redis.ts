@@ -41,7 +41,7 @@ import type { AcquireOptions, Lease, LeaseManager, LeaseRecord, LeaseStatus } fr
 import {
   RenewingLease, alreadyHolderError, checkAcquireOptions, checkHolderId, checkTtl, heldError, nobodyHoldsError, parseStatus,
   reservedError, type RenewResult, type RenewingLeaseArgs,
-} from './local.js';
+} from './renewing.js';
 
 // ------------------------------------------------------------------ Lua
 

@@ -120,7 +120,8 @@ export class Volume implements BlockBackend {
 
   private nextSeq = 1;
   private lastCheckpointSeq = 0;
-  private checkpointing = false;
+  /** The checkpoint upload in progress, if any (one at a time). */
+  private checkpointing: Promise<void> | null = null;
   private commitRunning: Promise<void> | null = null;
   private nextCommit: Deferred | null = null;
   /** The last commit attempt whose outcome is unknown (its put failed without an answer). */
@@ -155,9 +156,6 @@ export class Volume implements BlockBackend {
   }
 
   get name(): string { return this.record.name; }
-  get volumeId(): string { return this.id; }
-  /** The next log position this writer will commit at. */
-  get nextLogSeq(): number { return this.nextSeq; }
 
   /** Open a volume: latest checkpoint, then replay the log after it. */
   static async open(record: VolumeRecord, opts: VolumeOptions): Promise<Volume> {
@@ -721,11 +719,10 @@ export class Volume implements BlockBackend {
       v: 1, volumeId: this.id, seq, token: this.highestTokenSeen, time: new Date().toISOString(),
       objects: [...objects.keys()].map((k) => [k, this.objectSizes.get(k) ?? 0]), extents: ext,
     };
-    this.checkpointing = true;
-    this.store.put(keys.checkpoint(this.id, seq), Buffer.from(JSON.stringify(cp)))
+    this.checkpointing = this.store.put(keys.checkpoint(this.id, seq), Buffer.from(JSON.stringify(cp)))
       .then(() => { this.lastCheckpointSeq = Math.max(this.lastCheckpointSeq, seq); this.log.debug({ seq }, 'checkpoint written'); })
       .catch((err) => this.log.warn({ seq, err: errorMessage(err) }, 'checkpoint failed; recovery replays more log'))
-      .finally(() => { this.checkpointing = false; });
+      .finally(() => { this.checkpointing = null; });
   }
 
   /** The committed map (for diff and space accounting): [offset, length, key|null for zeroes, objectOffset]. */
@@ -755,15 +752,15 @@ export class Volume implements BlockBackend {
   async close(): Promise<void> {
     if (!this.readOnly && !this.fencedError) {
       await this.flush();
-      while (this.checkpointing) await new Promise((r) => setTimeout(r, 5));
+      await this.checkpointing;
       if (this.nextSeq - 1 > this.lastCheckpointSeq && !this.fencedError) {
         this.maybeCheckpoint(true);
-        while (this.checkpointing) await new Promise((r) => setTimeout(r, 5));
+        await this.checkpointing;
       }
     }
     this.closed = true;
     this.wakeWriters();
-    while (this.checkpointing) await new Promise((r) => setTimeout(r, 10));
+    await this.checkpointing;
   }
 }
 

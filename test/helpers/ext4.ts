@@ -15,6 +15,7 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import * as fs from 'node:fs';
+import * as fsp from 'node:fs/promises';
 import * as path from 'node:path';
 import type { Teardown } from './server.js';
 
@@ -169,3 +170,28 @@ export async function mountExt4(t: Teardown, dev: string, dir: string, options?:
 }
 
 export { isMountpoint };
+
+/** An export as a block device: nbdfuse file + loop device. */
+export interface Stack {
+  fuse: FuseExport;
+  loop: LoopDevice;
+}
+
+/**
+ * nbdfuse + loop for one export URI, checking the exported size; each layer's teardown is
+ * registered as soon as it exists.
+ */
+export async function attachExport(t: Teardown, uri: string, fuseDir: string, size: number): Promise<Stack> {
+  const fuse = await startNbdfuse(t, uri, fuseDir);
+  const st = await fsp.stat(fuse.file);
+  if (st.size !== size) throw new Error(`nbdfuse file for ${uri} has size ${st.size}, want ${size}`);
+  const loop = await attachLoop(t, fuse.file);
+  return { fuse, loop };
+}
+
+/** Unmount (if mounted), detach the loop device, unmount FUSE: the reverse of attachExport. */
+export async function detachExport(s: Stack, mount?: Mount): Promise<void> {
+  await mount?.unmount();
+  await s.loop.detach();
+  await s.fuse.unmount();
+}

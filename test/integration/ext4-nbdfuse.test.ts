@@ -10,7 +10,7 @@ import { randomBytes } from 'node:crypto';
 import * as fs from 'node:fs';
 import * as fsp from 'node:fs/promises';
 import * as path from 'node:path';
-import { attachLoop, mountExt4, run, runOk, sha256, sha256File, startNbdfuse, type FuseExport, type LoopDevice, type Mount } from '../helpers/ext4.js';
+import { attachExport, detachExport, mountExt4, run, runOk, sha256, sha256File, type Stack } from '../helpers/ext4.js';
 import { has, startBatonServer, tempDir, type BatonServer, type Teardown } from '../helpers/server.js';
 
 const TOOLS = ['nbdfuse', 'fusermount3', 'losetup', 'mkfs.ext4', 'e2fsck', 'mount', 'umount', 'fstrim', 'git'];
@@ -24,26 +24,12 @@ const VOLUME = 'fs';
 const VOLUME_SIZE = 256 * 1024 * 1024;
 const GIT = ['-c', 'user.name=baton test', '-c', 'user.email=baton@example.invalid', '-c', 'init.defaultBranch=main', '-c', 'safe.directory=*'];
 
-interface Stack {
-  fuse: FuseExport;
-  loop: LoopDevice;
+/** nbdfuse + loop for the test volume. */
+function attach(t: Teardown, server: BatonServer): Promise<Stack> {
+  return attachExport(t, server.uri(VOLUME), tempDir(t, 'baton-fuse-'), VOLUME_SIZE);
 }
 
-/** nbdfuse + loop for one volume; each layer's teardown is registered as soon as it exists. */
-async function attach(t: Teardown, server: BatonServer): Promise<Stack> {
-  const fuseDir = tempDir(t, 'baton-fuse-');
-  const fuse = await startNbdfuse(t, server.uri(VOLUME), fuseDir);
-  const st = await fsp.stat(fuse.file);
-  if (st.size !== VOLUME_SIZE) throw new Error(`nbdfuse file has size ${st.size}, want ${VOLUME_SIZE}`);
-  const loop = await attachLoop(t, fuse.file);
-  return { fuse, loop };
-}
-
-async function detach(s: Stack, mount?: Mount): Promise<void> {
-  await mount?.unmount();
-  await s.loop.detach();
-  await s.fuse.unmount();
-}
+const detach = detachExport;
 
 /** Sorted { relative path: sha256 } for every regular file under root (excluding .git). */
 async function hashTree(root: string): Promise<Record<string, string>> {

@@ -17,7 +17,8 @@ import { performance } from 'node:perf_hooks';
 import { Redis } from 'ioredis';
 import { InvalidArgumentError, LeaseHeldError, LeaseLostError, StoreUnavailableError } from '../../src/errors.js';
 import type { Lease, LeaseManager, LeaseStatus } from '../../src/lease/lease.js';
-import { LocalLeaseManager, leaseMargin, type RenewingLease } from '../../src/lease/local.js';
+import { LocalLeaseManager } from '../../src/lease/local.js';
+import { leaseMargin, type RenewingLease } from '../../src/lease/renewing.js';
 import { RedisLeaseManager, openRedisLeaseManager, parseRedisUrl, redact } from '../../src/lease/redis.js';
 
 const HAS_REDIS = spawnSync('redis-server', ['--version'], { stdio: 'ignore' }).status === 0;
