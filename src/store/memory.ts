@@ -120,7 +120,8 @@ export class MemoryObjectStore implements ObjectStore {
   readonly description: string;
   readonly #objects = new Map<string, Entry>();
 
-  constructor(name = 'memory:') {
+  /** `now` stamps lastModified: tests of time-based rules (GC grace) drive their own clock. */
+  constructor(name = 'memory:', private readonly now: () => Date = () => new Date()) {
     this.description = name;
   }
 
@@ -140,7 +141,7 @@ export class MemoryObjectStore implements ObjectStore {
     const entry: Entry = {
       body: Buffer.from(body),
       metadata: { ...options?.metadata },
-      lastModified: new Date(),
+      lastModified: this.now(),
       etag: `"${randomBytes(16).toString('hex')}"`,
     };
     // No await between the check and the set: this is the atomicity of create-only.

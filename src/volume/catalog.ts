@@ -6,12 +6,12 @@
 
 import { randomBytes } from 'node:crypto';
 import type { BlockCache } from '../cache.js';
-import { AlreadyExistsError, InvalidArgumentError, NotFoundError, PreconditionFailedError } from '../errors.js';
+import { AlreadyExistsError, InvalidArgumentError, NotFoundError, PreconditionFailedError, TimeoutError } from '../errors.js';
 import { accountMaps, diffMaps, type MappedExtent, type Range } from '../../cow/diff.js';
 import type { Logger } from '../log.js';
 import { listAll, type ObjectStore } from '../store/object-store.js';
 import { checkExportName, checkVolumeName, checkVolumeSize, type OpenVolume, type RemoveResult, type VolumeCatalog, type VolumeInfo } from '../volumes.js';
-import { decodeVolumeRecord, encodeVolumeRecord, keys, seqFromKey, type VolumeRecord } from './format.js';
+import { decodeVolumeRecord, encodeVolumeRecord, keys, maxOperationMs, seqFromKey, type VolumeRecord } from './format.js';
 import { mapLimit, Volume, type VolumeOptions } from './volume.js';
 
 export interface StoreCatalogOptions {
@@ -75,20 +75,40 @@ export class StoreCatalog implements VolumeCatalog {
   private async confirmSource(srcName: string, src: VolumeRecord, rec: VolumeRecord): Promise<void> {
     const still = await this.record(srcName).catch((err) => { if (err instanceof NotFoundError) return null; throw err; });
     if (still && still.id === src.id) return;
-    await this.opts.store.delete(keys.volumeRecord(rec.name)).catch(() => {});
-    await this.opts.store.delete(keys.meta(rec.id)).catch(() => {});
+    await this.undo(rec);
     throw new NotFoundError(`${srcName} was removed while ${rec.name} was being made from it; nothing was created`);
   }
+
+  private async undo(rec: VolumeRecord): Promise<void> {
+    await this.opts.store.delete(keys.volumeRecord(rec.name)).catch(() => {});
+    await this.opts.store.delete(keys.meta(rec.id)).catch(() => {});
+  }
+
+  /**
+   * GC safety: between reading the fork point and landing the record, the objects the point
+   * names are protected only by GC's grace period (>= 2x maxOperationMs). A fork slower than
+   * half of that is undone rather than trusted.
+   */
+  private async checkForkTime(t0: number, rec: VolumeRecord): Promise<void> {
+    const ms = performance.now() - t0;
+    if (ms <= this.maxOpMs / 2) return;
+    await this.undo(rec);
+    throw new TimeoutError(`making ${rec.name} took ${Math.round(ms)} ms, too long to be sure garbage collection left its source alone; nothing was created, try again`);
+  }
+
+  private get maxOpMs(): number { return this.opts.volume?.maxOperationMs ?? maxOperationMs(); }
 
   /** O(1) fork: a new writable volume whose map starts as SRC's (a volume or NAME@SNAP) at its last acknowledged flush. */
   async fork(srcName: string, dstName: string): Promise<VolumeInfo> {
     checkExportName(srcName);
     checkVolumeName(dstName);
+    const t0 = performance.now();
     const src = await this.record(srcName);
     const parent = await this.forkPoint(src);
     const rec: VolumeRecord = { format: 'baton-volume-1', name: dstName, id: randomBytes(8).toString('hex'), size: src.size, createdAt: new Date().toISOString(), parent };
     await this.putRecord(rec);
     await this.confirmSource(srcName, src, rec);
+    await this.checkForkTime(t0, rec);
     return { name: dstName, size: rec.size, createdAt: rec.createdAt, storedBytes: 0, kind: 'volume', parent };
   }
 
@@ -97,11 +117,13 @@ export class StoreCatalog implements VolumeCatalog {
     checkVolumeName(volumeName);
     const name = `${volumeName}@${snapName}`;
     checkExportName(name);
+    const t0 = performance.now();
     const src = await this.record(volumeName);
     const parent = await this.forkPoint(src);
     const rec: VolumeRecord = { format: 'baton-volume-1', name, id: randomBytes(8).toString('hex'), size: src.size, createdAt: new Date().toISOString(), parent, snapshot: true };
     await this.putRecord(rec);
     await this.confirmSource(volumeName, src, rec);
+    await this.checkForkTime(t0, rec);
     return { name, size: rec.size, createdAt: rec.createdAt, storedBytes: 0, kind: 'snapshot', parent };
   }
 
@@ -203,9 +225,15 @@ export class StoreCatalog implements VolumeCatalog {
 
   /** Load a volume's map without serving it (read-only; no lease, no cache reads). */
   async loadMap(name: string): Promise<Volume> {
-    const rec = await this.record(name);
-    return Volume.open(rec, { ...this.opts.volume, store: this.opts.store, cache: await this.opts.cache(), log: this.opts.log, readOnly: true });
+    return this.openView(await this.record(name));
   }
+
+  /** A read-only view of a record's map, optionally recovered through another store (GC tracks what recovery reads). */
+  async openView(rec: VolumeRecord, store: ObjectStore = this.opts.store): Promise<Volume> {
+    return Volume.open(rec, { ...this.opts.volume, store, cache: await this.opts.cache(), log: this.opts.log, readOnly: true });
+  }
+
+  get logger(): Logger { return this.opts.log; }
 
   async open(name: string, options: { readOnly: boolean }): Promise<OpenVolume> {
     const rec = await this.record(name);

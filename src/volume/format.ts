@@ -140,3 +140,20 @@ export function decodeCheckpoint(b: Buffer, key: string): Checkpoint {
   if (c.v !== 1 || !Array.isArray(c.extents) || !Array.isArray(c.objects)) throw new CorruptError(`${key}: unsupported checkpoint version`);
   return c;
 }
+
+/**
+ * The longest a multi-step operation may take between reading the store's state and
+ * landing what depends on it: a commit (first segment upload -> log record), a fork (read
+ * of the fork point -> its record), a read-only view (map load -> reads through it).
+ * Garbage collection relies on it: its grace period must be at least twice this (see
+ * src/volume/gc.ts), and every host must use the same value. BATON_MAX_OPERATION_MS
+ * lowers it for tests that exercise GC in seconds.
+ */
+export function maxOperationMs(): number {
+  const env = process.env.BATON_MAX_OPERATION_MS;
+  if (env !== undefined && env !== '') {
+    const n = Number(env);
+    if (Number.isSafeInteger(n) && n > 0) return n;
+  }
+  return 60_000;
+}

@@ -29,11 +29,11 @@ import type { BlockBackend, Extent, ZeroOptions } from '../../nbd/backend.js';
 import { NBD_STATE_HOLE, NBD_STATE_ZERO } from '../../nbd/constants.js';
 import { ExtentMap, type Piece } from '../../cow/extent-map.js';
 import type { BlockCache } from '../cache.js';
-import { BatonError, CorruptError, FencedError, LeaseLostError, NotFoundError, PreconditionFailedError, ReadOnlyError, ShutdownError, errorMessage } from '../errors.js';
+import { BatonError, CorruptError, FencedError, LeaseLostError, NotFoundError, PreconditionFailedError, ReadOnlyError, ShutdownError, StoreUnavailableError, errorMessage } from '../errors.js';
 import type { Logger } from '../log.js';
 import { listAll, type ObjectStore } from '../store/object-store.js';
 import {
-  SRC_HOLE, SRC_INLINE, SRC_ZERO, decodeCheckpoint, decodeLogHeader, decodeVolumeRecord, keys, logHeaderLength, seqFromKey, encodeLogRecord,
+  SRC_HOLE, SRC_INLINE, SRC_ZERO, decodeCheckpoint, decodeLogHeader, decodeVolumeRecord, keys, logHeaderLength, maxOperationMs, seqFromKey, encodeLogRecord,
   type Checkpoint, type LogHeader, type RecordExtent, type VolumeRecord,
 } from './format.js';
 
@@ -78,6 +78,8 @@ export interface VolumeOptions {
   checkpointEvery?: number;
   /** Parallel segment uploads per commit. */
   uploadConcurrency?: number;
+  /** See maxOperationMs() in format.ts (GC's safety margin); defaults to it. */
+  maxOperationMs?: number;
 }
 
 export interface VolumeStats {
@@ -88,6 +90,15 @@ export interface VolumeStats {
   lastFlushAt: string | null;
   extents: number;
   fenced: boolean;
+}
+
+export interface CompactionResult {
+  /** Objects whose live bytes were rewritten (they are garbage once GC's grace passed). */
+  objects: number;
+  /** Their total size. */
+  objectBytes: number;
+  /** Live bytes copied into new objects. */
+  rewrittenBytes: number;
 }
 
 interface Deferred { promise: Promise<void>; resolve: () => void; reject: (e: unknown) => void }
@@ -139,6 +150,10 @@ export class Volume implements BlockBackend {
   private readonly hardLimit: number;
   private readonly checkpointEvery: number;
   private readonly uploadConcurrency: number;
+  private readonly maxOpMs: number;
+  /** When the committed map was last brought up to date with the log (read-only views of live volumes). */
+  private mapLoadedAt = 0;
+  private refreshing: Promise<void> | null = null;
 
   private constructor(private readonly record: VolumeRecord, opts: VolumeOptions) {
     this.size = record.size;
@@ -153,6 +168,7 @@ export class Volume implements BlockBackend {
     this.hardLimit = Math.max(opts.dirtyHardLimit ?? 256 * 1024 * 1024, this.softLimit + 32 * 1024 * 1024);
     this.checkpointEvery = opts.checkpointEvery ?? 64;
     this.uploadConcurrency = opts.uploadConcurrency ?? 16;
+    this.maxOpMs = opts.maxOperationMs ?? maxOperationMs();
   }
 
   get name(): string { return this.record.name; }
@@ -166,6 +182,7 @@ export class Volume implements BlockBackend {
 
   private async recover(): Promise<void> {
     const t0 = Date.now();
+    this.mapLoadedAt = performance.now();
     const fromSeq = await this.loadLatestCheckpoint(this.id, Infinity, true);
     let base = 'checkpoint';
     if (fromSeq === 0 && this.record.parent) {
@@ -402,7 +419,38 @@ export class Volume implements BlockBackend {
     walk(0, offset, length);
   }
 
+  /**
+   * A read-only view of a volume another host may be writing follows its log: its map must
+   * never be older than maxOperationMs when it reads, because garbage collection may delete
+   * what a map older than its grace period (>= 2x that) names. Snapshots never change.
+   */
+  private get followsLog(): boolean { return this.readOnly && !this.record.snapshot; }
+
+  private async refreshIfStale(): Promise<void> {
+    if (performance.now() - this.mapLoadedAt <= this.maxOpMs / 2) return;
+    this.refreshing ??= this.refresh().finally(() => { this.refreshing = null; });
+    await this.refreshing;
+  }
+
+  /** Catch up with the log; if the records after our position were collected, reload from the newest checkpoint. */
+  async refresh(): Promise<void> {
+    const t0 = performance.now();
+    try {
+      await this.replayLog();
+    } catch (err) {
+      if (!(err instanceof CorruptError)) throw err;
+      this.log.info({ err: errorMessage(err) }, 'log moved past this view; reloading from the newest checkpoint');
+      this.committed = new ExtentMap<Loc>(sliceLoc);
+      this.nextSeq = 1;
+      this.highestTokenSeen = 0;
+      await this.recover();
+      return;
+    }
+    this.mapLoadedAt = t0;
+  }
+
   async read(offset: number, length: number, into?: Buffer): Promise<Buffer> {
+    if (this.followsLog) await this.refreshIfStale();
     const out = into ?? Buffer.allocUnsafe(length);
     const fetches: { key: string; off: number; len: number; outOff: number }[] = [];
     this.resolve(offset, length, (p) => {
@@ -618,6 +666,7 @@ export class Volume implements BlockBackend {
     // Each segment is assembled just before its upload, not all at once: a big commit
     // would otherwise hold the event loop for the whole copy.
     const segBodies: Buffer[] = new Array(segments.length);
+    const uploadStart = performance.now();
     await mapLimit(segments, this.uploadConcurrency, async (s, i) => {
       await new Promise((r) => setImmediate(r));
       const body = Buffer.concat(s.parts, s.size);
@@ -629,6 +678,11 @@ export class Volume implements BlockBackend {
       v: 1, kind: 'commit', seq, volumeId: this.id, token: this.token, time: new Date().toISOString(),
       segments: segments.map((s) => ({ key: s.key, size: s.size })), extents, inlineLength,
     };
+    // GC may collect a segment that no log record named for its grace period (>= 2x
+    // maxOperationMs): a record must not name segments older than half of that.
+    if (segments.length > 0 && performance.now() - uploadStart > this.maxOpMs / 2) {
+      throw new StoreUnavailableError(`volume ${this.name}: uploading the segments of a commit took ${Math.round(performance.now() - uploadStart)} ms, too long to reference them safely; the data stays dirty and the next flush uploads it again`);
+    }
     const { body, dataStart } = encodeLogRecord(header, inlineParts);
     const key = keys.log(this.id, seq);
     const putId = randomBytes(8).toString('hex');
@@ -723,6 +777,67 @@ export class Volume implements BlockBackend {
       .then(() => { this.lastCheckpointSeq = Math.max(this.lastCheckpointSeq, seq); this.log.debug({ seq }, 'checkpoint written'); })
       .catch((err) => this.log.warn({ seq, err: errorMessage(err) }, 'checkpoint failed; recovery replays more log'))
       .finally(() => { this.checkpointing = null; });
+  }
+
+  /**
+   * Compaction: rewrite the live bytes of this volume's own objects that are mostly dead
+   * (live / size below `below`), through the normal write and commit path: the data goes
+   * into the write buffer and a flush commits it under this writer's token, fenced like any
+   * write. The old objects become unreferenced and garbage collection deletes them later.
+   *
+   * Only objects under this volume's id are rewritten: an inherited object is shared with
+   * the parent (rewriting it would add bytes, not free them). A snapshot of this volume
+   * may still need a compacted object; GC keeps it until that snapshot is removed.
+   *
+   * A client write that lands while a piece is being read wins: a piece is copied into the
+   * buffer only if, after the read, the map still points at the same object bytes (checked
+   * and copied in one synchronous step).
+   */
+  async compact(opts: { below: number; maxBytes?: number }): Promise<CompactionResult> {
+    this.checkWritable();
+    const prefix = keys.volumePrefix(this.id);
+    const live = new Map<string, number>();
+    for (const e of this.committed.entries()) {
+      const v = e.value;
+      if (!isZero(v) && v.key.startsWith(prefix)) live.set(v.key, (live.get(v.key) ?? 0) + e.length);
+    }
+    const victims = new Set<string>();
+    let victimBytes = 0;
+    for (const [key, n] of live) {
+      const size = this.objectSizes.get(key) ?? 0;
+      if (size > 0 && n < opts.below * size) { victims.add(key); victimBytes += size; }
+    }
+    const pieces: { offset: number; length: number; key: string; off: number }[] = [];
+    let planned = 0;
+    const maxBytes = opts.maxBytes ?? Infinity;
+    for (const e of this.committed.entries()) {
+      const v = e.value;
+      if (isZero(v) || !victims.has(v.key)) continue;
+      if (planned >= maxBytes) break;
+      for (let d = 0; d < e.length; d += 1024 * 1024) {
+        pieces.push({ offset: e.offset + d, length: Math.min(1024 * 1024, e.length - d), key: v.key, off: v.off + d });
+      }
+      planned += e.length;
+    }
+    let rewritten = 0;
+    await mapLimit(pieces, 8, async (p) => {
+      await this.admit();
+      this.checkWritable();
+      const buf = Buffer.allocUnsafe(p.length);
+      await this.blockCache.read(this.store, p.key, this.objectSize(p.key), p.off, p.length, buf, 0, 0);
+      this.checkWritable();
+      this.resolve(p.offset, p.length, (q) => {
+        const v = q.value;
+        if (v === undefined || isZero(v) || !('key' in v) || v.key !== p.key || v.off !== p.off + (q.offset - p.offset)) return;
+        this.dirty.set(q.offset, q.length, { buf: buf.subarray(q.offset - p.offset, q.offset - p.offset + q.length) });
+        this.dirtyBytes += q.length;
+        rewritten += q.length;
+      });
+      this.afterMutation();
+    });
+    await this.flush();
+    this.log.info({ objects: victims.size, objectBytes: victimBytes, rewritten }, 'compacted');
+    return { objects: victims.size, objectBytes: victimBytes, rewrittenBytes: rewritten };
   }
 
   /** The committed map (for diff and space accounting): [offset, length, key|null for zeroes, objectOffset]. */

@@ -1,0 +1,268 @@
+/**
+ * Garbage collection: delete the objects no volume, fork, snapshot or reader can need any
+ * more. Compaction (Volume.compact) turns mostly-dead objects into dead ones; this deletes them.
+ *
+ * ## The reference set R (computed from the store, nothing else)
+ * For every record under `volumes/` (volumes and snapshots), GC recovers its map exactly the
+ * way a host opening it would (Volume.open through a store that notes every key it reads):
+ * - every object the map points at (segments, log records holding inline data);
+ * - every object recovery read: the newest checkpoint, the log records after it, and for a
+ *   fork without its own checkpoint the ancestor's checkpoint and records up to the fork point;
+ * plus, for every volume id reachable from a record through `parent` links, its `meta` (`rm`
+ * walks those links to find descendants), and the newest log record of every id (a log
+ * position is never freed for reuse: fencing depends on positions being taken forever).
+ * `volumes/` records are never touched.
+ *
+ * ## Two phases and a grace period G
+ * A run marks its candidates (objects not in R and older than G) in `gc/marks/<run>`; an
+ * object is deleted only by a later run that finds it in a mark at least G old AND still not
+ * in its own R. All times are the store's own clock (lastModified), never the host's.
+ *
+ * ## Why nothing needed is ever deleted
+ * Let run 1 mark X at W1 (its reference set was computed just before) and run 2 delete it,
+ * with its computation starting at S2 >= W1 + G. Who could read X after S2?
+ * 1. A map recovered from the store at S2: X is not in run 2's R, which is exactly such a map
+ *    for every record listed at S2.
+ * 2. A record created while run 2 computed (a fork or snapshot in creation): its map is its
+ *    source's map at the fork point P, and it lands within M/2 of reading P (slower forks
+ *    undo themselves, catalog.ts). If P came after run 2 loaded the source, the source's map
+ *    at P names no old object the loaded map did not (maps gain references only through
+ *    commits, which name new objects, and forks). If P came before, the record landed
+ *    within M/2 of that load, and run 2 lists the records again M/2 after its last load and
+ *    computes the new ones, until nothing new appears: it is in R. Run 1 did the same, so
+ *    from W1 on no map, existing or in creation, names X.
+ * 3. A commit in flight: its segments are uploaded before the record that names them, but a
+ *    record never names a segment older than M/2 (volume.ts refuses), and run 1 only marks
+ *    objects older than G.
+ * 4. A reader on another host with an older map: read-only views of live volumes refresh
+ *    their map when it is older than M/2 before reading (volume.ts), so every map read
+ *    through after S2 was loaded after S2 - M/2 > W1, when no map named X any more.
+ * 5. Recovery in progress (a host opening a volume from a checkpoint GC has since superseded):
+ *    the map it ends with is the current one (checkpoint + every later record), so it names
+ *    nothing deleted; if a record it meant to replay is gone, recovery fails with a clear
+ *    error instead of guessing (the log must be contiguous) and the next attempt starts
+ *    from the newest checkpoint.
+ * So G >= 2M suffices; G is checked against this process's M, and every host must run with
+ * the same M (BATON_MAX_OPERATION_MS, default 60 s). Any error while computing R aborts the
+ * run before anything is deleted.
+ *
+ * Concurrent runs (two hosts) are safe: each deletion is justified by one old mark and one
+ * fresh computation, whoever wrote the mark.
+ *
+ * Not covered: a host still serving a volume (read-only) after `baton rm` removed it reads
+ * objects GC may delete; removing a volume is the user's decision that nobody needs it.
+ */
+
+import { InvalidArgumentError, NotFoundError, errorMessage } from '../errors.js';
+import type { Logger } from '../log.js';
+import { listAll, type ByteRange, type ListOptions, type ObjectHead, type ObjectInfo, type ObjectStore} from '../store/object-store.js';
+import type { StoreCatalog } from './catalog.js';
+import { decodeVolumeRecord, keys, maxOperationMs, type VolumeRecord } from './format.js';
+import { mapLimit } from './volume.js';
+
+export const DEFAULT_GC_GRACE_MS = 60 * 60 * 1000;
+const MARKS_PREFIX = 'gc/marks/';
+const CLOCK_KEY = 'gc/clock';
+
+export interface GcOptions {
+  /** G: objects younger than this are never candidates; a mark must be this old before its objects go. */
+  graceMs?: number;
+  /** Compute and report, delete nothing, write no mark. */
+  dryRun?: boolean;
+  /** M (defaults to maxOperationMs()); the grace must be at least 2M. */
+  maxOperationMs?: number;
+  log?: Logger;
+}
+
+export interface GcResult {
+  dryRun: boolean;
+  graceMs: number;
+  /** Volume and snapshot records whose maps were computed. */
+  records: number;
+  /** Everything under vol/ when the run listed it. */
+  objects: number;
+  storedBytes: number;
+  referencedObjects: number;
+  referencedBytes: number;
+  /** Unreferenced, older than the grace: marked by this run (deleted by a later one). */
+  markedObjects: number;
+  markedBytes: number;
+  /** Deleted (or, in a dry run, deletable now). */
+  deletedObjects: number;
+  deletedBytes: number;
+  /** Unreferenced but younger than the grace (a commit or fork in flight, or just freed). */
+  youngUnreferenced: number;
+  failedDeletes: number;
+}
+
+/** Records the keys recovery reads, so the reference set is exactly what an opener needs. */
+class ReadTrackingStore implements ObjectStore {
+  readonly read = new Set<string>();
+  constructor(private readonly inner: ObjectStore) {}
+  get description(): string { return this.inner.description; }
+  get(key: string, range?: ByteRange): Promise<Buffer> { this.read.add(key); return this.inner.get(key, range); }
+  head(key: string): Promise<ObjectHead | null> { this.read.add(key); return this.inner.head(key); }
+  list(prefix: string, options?: ListOptions): AsyncIterable<ObjectInfo> { return this.inner.list(prefix, options); }
+  put(): Promise<void> { return Promise.reject(new Error('GC views never write')); }
+  delete(): Promise<void> { return Promise.reject(new Error('GC views never delete')); }
+  close(): Promise<void> { return Promise.resolve(); }
+}
+
+/** The store's current time: GC compares the store's own lastModified stamps, never this host's clock. */
+async function storeNow(store: ObjectStore): Promise<number> {
+  await store.put(CLOCK_KEY, Buffer.from(new Date().toISOString()));
+  const h = await store.head(CLOCK_KEY);
+  if (!h) throw new NotFoundError(`${CLOCK_KEY} vanished right after it was written: is the store read-after-write consistent?`);
+  return h.lastModified.getTime();
+}
+
+/**
+ * The reference set R: every key a live map or its recovery needs. A fork or snapshot in
+ * creation read its source's map at some point P and lands its record within M/2; if P came
+ * before GC loaded the source, the source may have dropped objects the new record needs, so
+ * GC lists the records again M/2 after its last load and computes any new ones, until a
+ * listing brings nothing new (a fixed point).
+ */
+async function referenceSet(catalog: StoreCatalog, maxOpMs: number, log: Logger | undefined): Promise<{ refs: Set<string>; records: number }> {
+  const store = catalog.store;
+  const refs = new Set<string>();
+  const metas = new Map<string, VolumeRecord | null>();
+  const metaOf = async (id: string): Promise<VolumeRecord | null> => {
+    if (!metas.has(id)) {
+      const key = keys.meta(id);
+      metas.set(id, await store.get(key).then((b) => decodeVolumeRecord(b, key), (err) => {
+        if (err instanceof NotFoundError) return null;
+        throw err;
+      }));
+    }
+    return metas.get(id)!;
+  };
+  const computed = new Set<string>();
+  const addRecord = async (rec: VolumeRecord): Promise<void> => {
+    const tracking = new ReadTrackingStore(store);
+    let view;
+    try {
+      view = await catalog.openView(rec, tracking);
+    } catch (err) {
+      // Removed while we looked (rm deletes the record first): nobody needs its map.
+      if (err instanceof NotFoundError && !(await store.head(keys.volumeRecord(rec.name)))) return;
+      throw new Error(`cannot compute what ${rec.name} needs (${errorMessage(err)}); nothing was deleted`);
+    }
+    for (const k of tracking.read) refs.add(k);
+    for (const e of view.committedExtents()) if (e.key !== null) refs.add(e.key);
+    await view.close();
+    // Its id and every ancestor's: their meta records explain the ancestry to rm and to forks.
+    refs.add(keys.meta(rec.id));
+    let p = rec.parent?.id;
+    for (let depth = 0; p && depth < 10_000; depth++) {
+      refs.add(keys.meta(p));
+      p = (await metaOf(p))?.parent?.id;
+    }
+    log?.debug({ volume: rec.name, refs: refs.size }, 'gc: map computed');
+  };
+  for (let round = 0; ; round++) {
+    if (round > 0) {
+      log?.info({ waitMs: Math.round(maxOpMs / 2) }, 'gc: waiting for forks and snapshots in creation');
+      await new Promise((r) => setTimeout(r, maxOpMs / 2));
+    }
+    const fresh = (await catalog.allRecords()).filter((r) => !computed.has(r.id));
+    if (fresh.length === 0 && round > 0) break;
+    if (round >= 20) throw new Error('records keep appearing (forks created non-stop?); try again later; nothing was deleted');
+    for (const r of fresh) computed.add(r.id);
+    await mapLimit(fresh, 4, addRecord);
+  }
+  return { refs, records: computed.size };
+}
+
+function idOf(key: string): string | null {
+  const m = /^vol\/([^/]+)\//.exec(key);
+  return m ? m[1]! : null;
+}
+
+export async function collectGarbage(catalog: StoreCatalog, opts: GcOptions = {}): Promise<GcResult> {
+  const store = catalog.store;
+  const log = opts.log;
+  const graceMs = opts.graceMs ?? DEFAULT_GC_GRACE_MS;
+  const m = opts.maxOperationMs ?? maxOperationMs();
+  if (!(graceMs >= 2 * m)) {
+    throw new InvalidArgumentError(`the GC grace period (${graceMs} ms) must be at least twice the longest operation (${m} ms, BATON_MAX_OPERATION_MS): a shorter one could delete data a fork or commit in flight still needs`);
+  }
+  const dryRun = opts.dryRun ?? false;
+  const now = await storeNow(store);
+  const cutoff = now - graceMs;
+
+  const t0 = performance.now();
+  const { refs, records } = await referenceSet(catalog, m, log);
+  log?.info({ records, referenced: refs.size, ms: Math.round(performance.now() - t0) }, 'gc: reference set computed');
+
+  const objects = await listAll(store, 'vol/');
+  const newestLog = new Map<string, string>();
+  for (const o of objects) {
+    const id = idOf(o.key);
+    if (id && o.key.startsWith(keys.logPrefix(id))) newestLog.set(id, o.key); // listed in order: the last one wins
+  }
+  for (const k of newestLog.values()) refs.add(k);
+
+  const result: GcResult = {
+    dryRun, graceMs, records, objects: objects.length, storedBytes: 0, referencedObjects: 0, referencedBytes: 0,
+    markedObjects: 0, markedBytes: 0, deletedObjects: 0, deletedBytes: 0, youngUnreferenced: 0, failedDeletes: 0,
+  };
+  const candidates = new Map<string, number>();
+  for (const o of objects) {
+    result.storedBytes += o.size;
+    if (refs.has(o.key)) { result.referencedObjects++; result.referencedBytes += o.size; continue; }
+    if (o.lastModified.getTime() > cutoff) { result.youngUnreferenced++; continue; }
+    candidates.set(o.key, o.size);
+  }
+
+  // Phase two: what an old enough mark already named and is still a candidate now.
+  const marks = await listAll(store, MARKS_PREFIX);
+  const oldMarks = marks.filter((mk) => mk.lastModified.getTime() <= cutoff);
+  const deletable: [string, number][] = [];
+  const marked = new Set<string>();
+  for (const mk of oldMarks) {
+    const body = await store.get(mk.key).catch((err) => { if (err instanceof NotFoundError) return null; throw err; });
+    if (!body) continue; // another run consumed it
+    for (const k of parseMark(body, mk.key)) marked.add(k);
+  }
+  for (const [k, size] of candidates) if (marked.has(k)) deletable.push([k, size]);
+  const toMark = [...candidates].filter(([k]) => !marked.has(k));
+  result.markedObjects = toMark.length;
+  result.markedBytes = toMark.reduce((n, [, s]) => n + s, 0);
+
+  if (dryRun) {
+    result.deletedObjects = deletable.length;
+    result.deletedBytes = deletable.reduce((n, [, s]) => n + s, 0);
+    return result;
+  }
+  if (toMark.length > 0) {
+    const name = `${MARKS_PREFIX}${String(now).padStart(15, '0')}-${Math.random().toString(16).slice(2, 10)}`;
+    await store.put(name, Buffer.from(JSON.stringify({ v: 1, graceMs, keys: toMark.map(([k]) => k) })));
+  }
+  let done = 0;
+  await mapLimit(deletable, 16, async ([k, size]) => {
+    try {
+      await store.delete(k);
+      result.deletedObjects++;
+      result.deletedBytes += size;
+    } catch (err) {
+      result.failedDeletes++;
+      log?.warn({ key: k, err: errorMessage(err) }, 'gc: delete failed; a later run tries again');
+    }
+    if (++done % 1000 === 0) log?.info({ deleted: done, of: deletable.length }, 'gc: deleting');
+  });
+  // Every key of an old mark is now deleted or referenced again: the mark is spent. Keep
+  // it if a delete failed, so the next run can delete without waiting another grace.
+  if (result.failedDeletes === 0) await mapLimit(oldMarks, 16, (mk) => store.delete(mk.key));
+  log?.info({ ...result }, 'gc: done');
+  return result;
+}
+
+function parseMark(body: Buffer, key: string): string[] {
+  try {
+    const m = JSON.parse(body.toString('utf8')) as { v?: number; keys?: unknown };
+    if (m.v === 1 && Array.isArray(m.keys)) return m.keys.filter((k): k is string => typeof k === 'string');
+  } catch { /* fall through */ }
+  // An unreadable mark names nothing: deleting less is always safe.
+  return [];
+}
