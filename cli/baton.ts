@@ -27,9 +27,25 @@ import { formatSize, parseSize } from '../src/size.js';
 import type { VolumeInfo } from '../src/volumes.js';
 import { VolumeExports, defaultHostId, type OnHeld } from '../src/exports.js';
 import { openLeaseManager } from '../src/lease/open.js';
+import { BackgroundMaintenance, DEFAULT_COMPACT_BELOW, compactIdleVolumes, type CompactionReport } from '../src/maintenance.js';
+import { DEFAULT_GC_GRACE_MS, collectGarbage } from '../src/volume/gc.js';
 
 function sizeArg(v: string): number {
   try { return parseSize(v); } catch (err) { throw new CommanderInvalidArgument(errorMessage(err)); }
+}
+
+/** A duration: seconds, or with a unit (500ms, 90s, 10m, 1h). Returns milliseconds. */
+function durationArg(v: string): number {
+  const m = /^(\d+(?:\.\d+)?)(ms|s|m|h)?$/.exec(v.trim());
+  if (!m) throw new CommanderInvalidArgument(`not a duration: ${v} (examples: 90, 90s, 10m, 1h)`);
+  const unit = { ms: 1, s: 1000, m: 60_000, h: 3_600_000 }[(m[2] ?? 's') as 'ms' | 's' | 'm' | 'h'];
+  return Math.round(Number(m[1]) * unit);
+}
+
+function fractionArg(v: string): number {
+  const n = Number(v);
+  if (!Number.isFinite(n) || n < 0 || n > 1) throw new CommanderInvalidArgument(`not a fraction between 0 and 1: ${v}`);
+  return n;
 }
 
 function secondsArg(v: string): number {
@@ -74,8 +90,8 @@ function volumeJson(v: VolumeInfo): Record<string, unknown> {
 }
 
 /** The engine's catalog, or a clear error for the plain backends. */
-function storeCatalog(o: StoreFlags, what: string): StoreCatalog {
-  const c = catalogFor(o);
+function storeCatalog(o: StoreFlags, what: string, extra: CatalogOptions = {}): StoreCatalog {
+  const c = catalogFor(o, extra);
   if (!(c instanceof StoreCatalog)) throw new BatonError('BATON_ERR_INVALID_ARGUMENT', `${what} needs an object store (file:DIR, s3://, memory:), not ${o.store}`);
   return c;
 }
@@ -111,6 +127,9 @@ withStore(program.command('serve')
   .option('--held-wait <seconds>', 'how long --on-held wait|takeover waits', secondsArg, 30)
   .option('--handshake-timeout <seconds>', 'close clients that do not finish the handshake in time', secondsArg, 30)
   .option('--idle-grace <seconds>', 'keep a volume open this long after its last client leaves', secondsArg, 5)
+  .option('--gc-interval <duration>', 'while serving volumes, compact them and collect garbage this often (0: never)', durationArg, DEFAULT_GC_GRACE_MS)
+  .option('--gc-grace <duration>', 'garbage collection grace period (see baton gc --help)', durationArg, DEFAULT_GC_GRACE_MS)
+  .option('--compact-below <fraction>', 'rewrite objects of served volumes whose live fraction is below this', fractionArg, DEFAULT_COMPACT_BELOW)
   .option('--log-level <level>', 'trace, debug, info, warn, error', process.env.BATON_LOG_LEVEL ?? 'info')
   .addHelpText('after', `
 Examples:
@@ -119,7 +138,7 @@ Examples:
   $ AWS_PROFILE=ci baton serve --store s3://my-bucket/baton --endpoint http://127.0.0.1:7480
   $ nbd-client -N work 127.0.0.1 10809 /dev/nbd0     # attach with the kernel client
   $ nbdfuse /mnt/work nbd://127.0.0.1/work &         # or as a file through FUSE`)
-  .action(async (opts: StoreFlags & LeaseFlags & { listen: string; socket?: string; cacheDir: string; cacheSize: number; readOnly?: boolean; create?: string; size?: number; handshakeTimeout: number; idleGrace: number; logLevel: string; onHeld: OnHeld; heldWait: number }) => {
+  .action(async (opts: StoreFlags & LeaseFlags & { listen: string; socket?: string; cacheDir: string; cacheSize: number; readOnly?: boolean; create?: string; size?: number; handshakeTimeout: number; idleGrace: number; logLevel: string; onHeld: OnHeld; heldWait: number; gcInterval: number; gcGrace: number; compactBelow: number }) => {
     const log = makeLogger(opts.logLevel);
     const catalog = catalogFor(opts, { log, cacheDir: opts.cacheDir, cacheSize: opts.cacheSize });
     await probeBeforeServing(catalog, !!opts.readOnly, log);
@@ -143,11 +162,16 @@ Examples:
     const bound = await server.listen(addr);
     const uri = 'path' in bound ? `nbd+unix:///NAME?socket=${bound.path}` : `nbd://${bound.host.includes(':') ? `[${bound.host}]` : bound.host}:${bound.port}/NAME`;
     log.info({ address: bound, store: catalog.description, uri, hostId: opts.hostId, lease: leases?.description ?? 'none (read-only or plain backend)' }, 'listening');
+    const maintenance = catalog instanceof StoreCatalog && !opts.readOnly
+      ? new BackgroundMaintenance(catalog, exports, { intervalMs: opts.gcInterval, graceMs: opts.gcGrace, compactBelow: opts.compactBelow, log })
+      : null;
+    maintenance?.start();
     let stopping = false;
     const stop = async (signal: string): Promise<void> => {
       if (stopping) return;
       stopping = true;
       log.info({ signal }, 'shutting down: finishing requests and flushing volumes');
+      await maintenance?.stop();
       await server.close();
       await exports.close();
       await leases?.close();
@@ -289,6 +313,59 @@ function withLease(cmd: Command): Command {
     .addOption(new Option('--redis <url>', 'Redis holding the leases (default: lease files on this machine)').env('BATON_REDIS_URL'))
     .option('--lease-ttl <seconds>', 'lease time-to-live', secondsArg, 5)
     .option('--host-id <id>', 'this host\'s name in leases', defaultHostId());
+}
+
+withLease(withStore(program.command('gc')
+  .description('delete objects no volume, fork or snapshot needs any more; with --compact, first rewrite mostly-dead data')))
+  .option('--grace <duration>', 'only objects unreferenced for this long are deleted (at least 2x BATON_MAX_OPERATION_MS, default 60 s)', durationArg, DEFAULT_GC_GRACE_MS)
+  .option('--dry-run', 'report what would be marked and deleted; change nothing')
+  .option('--compact', 'first compact every volume no host is serving (takes its lease, like an attach)')
+  .option('--compact-below <fraction>', 'with --compact: rewrite objects whose live fraction is below this', fractionArg, DEFAULT_COMPACT_BELOW)
+  .option('--json', 'print JSON')
+  .option('--log-level <level>', 'progress on stderr: info, warn, error', process.env.BATON_LOG_LEVEL ?? 'warn')
+  .addHelpText('after', `
+How it works: each run computes, from the store, every object a volume, fork or snapshot
+needs (its map and what recovery reads), marks the unreferenced objects older than --grace,
+and deletes the ones an earlier run marked at least --grace ago that are still
+unreferenced. So data freed now is deleted by a run at least one grace period later: run
+it periodically (baton serve does, see --gc-interval). Several hosts may run it at once.
+
+Examples:
+  $ baton gc --dry-run
+  $ baton gc --compact --redis redis://10.0.0.5:6379
+  $ baton gc --grace 2h --json`)
+  .action(async (opts: StoreFlags & LeaseFlags & { grace: number; dryRun?: boolean; compact?: boolean; compactBelow: number; json?: boolean; logLevel: string }) => {
+    const log = makeLogger(opts.logLevel);
+    const catalog = storeCatalog(opts, 'gc', { log });
+    let compacted: CompactionReport[] = [];
+    if (opts.compact && !opts.dryRun) {
+      const leases = await leaseManagerFor(opts, log);
+      try {
+        const exports = new VolumeExports(catalog, { readOnly: false, idleGraceMs: 0, log, lease: { manager: leases, hostId: opts.hostId, onHeld: 'refuse', waitMs: 0 } });
+        compacted = await compactIdleVolumes(catalog, exports, { below: opts.compactBelow, log });
+      } finally {
+        await leases.close();
+      }
+    }
+    const r = await collectGarbage(catalog, { graceMs: opts.grace, dryRun: !!opts.dryRun, log });
+    if (opts.json) { printJson({ ...r, compacted }); return; }
+    for (const c of compacted) {
+      process.stdout.write(c.result
+        ? `compacted ${c.name}: rewrote ${formatSize(c.result.rewrittenBytes)} live of ${c.result.objects} objects (${formatSize(c.result.objectBytes)})\n`
+        : `not compacted ${c.name}: ${c.skipped}\n`);
+    }
+    process.stdout.write([
+      `${r.records} volumes and snapshots; ${r.objects} objects (${formatSize(r.storedBytes)}) in the store, ${r.referencedObjects} (${formatSize(r.referencedBytes)}) referenced`,
+      `${r.dryRun ? 'would delete' : 'deleted'} ${r.deletedObjects} objects (${formatSize(r.deletedBytes)}) marked by earlier runs${r.failedDeletes ? `; ${r.failedDeletes} deletes failed (a later run retries)` : ''}`,
+      `${r.dryRun ? 'would mark' : 'marked'} ${r.markedObjects} unreferenced objects (${formatSize(r.markedBytes)}): a run ${formatDuration(r.graceMs)} or more from now deletes them if still unreferenced`,
+      ...(r.youngUnreferenced ? [`${r.youngUnreferenced} unreferenced objects are younger than the grace period: left alone`] : []),
+    ].join('\n') + '\n');
+  });
+
+function formatDuration(ms: number): string {
+  if (ms % 3_600_000 === 0) return `${ms / 3_600_000} h`;
+  if (ms % 60_000 === 0) return `${ms / 60_000} min`;
+  return `${ms / 1000} s`;
 }
 
 withLease(withStore(program.command('handoff')

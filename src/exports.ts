@@ -26,7 +26,7 @@ import { LeaseHeldError, NotFoundError, ShutdownError, errorMessage } from './er
 import type { Lease, LeaseManager } from './lease/lease.js';
 import type { Logger } from './log.js';
 import { formatSize } from './size.js';
-import { StaleTokenError } from './volume/volume.js';
+import { StaleTokenError, type Volume } from './volume/volume.js';
 import { checkExportName, isSnapshotName, type OpenVolume, type VolumeCatalog, type VolumeInfo } from './volumes.js';
 
 export type OnHeld = 'refuse' | 'wait' | 'takeover';
@@ -55,6 +55,8 @@ interface Served {
   opening: Promise<{ ov: OpenVolume; lease: Lease | null }>;
   idleTimer: NodeJS.Timeout | null;
   statusTimer: NodeJS.Timeout | null;
+  /** Set once opened read-write with the lease: what background compaction may rewrite. */
+  writable: Volume | null;
 }
 
 export function defaultHostId(): string {
@@ -93,7 +95,7 @@ export class VolumeExports implements ExportProvider {
     let s = this.served.get(name);
     if (!s) {
       const opening = this.openServed(name);
-      const fresh: Served = { name, refs: 0, opening, idleTimer: null, statusTimer: null };
+      const fresh: Served = { name, refs: 0, opening, idleTimer: null, statusTimer: null, writable: null };
       s = fresh;
       this.served.set(name, fresh);
       opening.then(
@@ -101,6 +103,7 @@ export class VolumeExports implements ExportProvider {
           this.opts.log.info({ volume: name, token: lease?.token }, 'volume opened');
           if (lease && ov.volume) {
             const vol = ov.volume;
+            fresh.writable = vol;
             const publish = (): void => { const st = vol.stats(); lease.setStatus({ dirtyBytes: st.dirtyBytes + st.sealedBytes, lastFlushAt: st.lastFlushAt, lastCommitSeq: st.lastCommitSeq, ...(this.opts.lease?.address ? { address: this.opts.lease.address } : {}) }); };
             publish();
             fresh.statusTimer = setInterval(publish, 1000);
@@ -281,6 +284,13 @@ export class VolumeExports implements ExportProvider {
     } catch (err) {
       this.opts.log.error({ volume: s.name, err: errorMessage(err) }, 'closing volume failed');
     }
+  }
+
+  /** Volumes this host serves read-write under its lease (background compaction works on these). */
+  writableVolumes(): { name: string; volume: Volume }[] {
+    const out: { name: string; volume: Volume }[] = [];
+    for (const s of this.served.values()) if (s.writable && !s.writable.isFenced) out.push({ name: s.name, volume: s.writable });
+    return out;
   }
 
   /** Flush and close every open volume (server shutdown, after the sessions ended). */

@@ -28,6 +28,7 @@ import * as path from 'node:path';
 import { openStoreCatalog } from '../../src/catalog.js';
 import { isBatonError } from '../../src/errors.js';
 import type { ObjectStore, PutOptions } from '../../src/store/object-store.js';
+import { gcUntilQuiet, storeObjectBytes } from '../helpers/gc.js';
 import { StoreCatalog } from '../../src/volume/catalog.js';
 import { BlockCache } from '../../src/cache.js';
 import { silentLogger } from '../../src/log.js';
@@ -399,13 +400,19 @@ serial('three forks of a git workspace: own commits, git fsck on all four, diff 
   }
   t.log(ls.map((v) => `${v.name}: written ${v.writtenBytes}, exclusive ${v.exclusiveBytes}, shared ${v.sharedBytes}`).join('; '));
 
-  // ---- rm two forks; the survivor and the parent still verify
+  // ---- rm two forks, GC; their exclusive bytes are gone; the survivor and the parent still verify
+  const bytesBefore = await storeObjectBytes(store);
+  const dropped = (byName.get('w2')?.exclusiveBytes ?? 0) + (byName.get('w3')?.exclusiveBytes ?? 0);
   for (const name of ['w2', 'w3']) {
     const r = await cliOk(['rm', name, '--store', store]);
     t.regex(r.stdout, new RegExp(`^removed ${name}\\n$`), 'a leaf fork is removed with its data');
   }
   t.deepEqual((await cliJson<VolJson[]>(['ls', '--store', store])).map((v) => v.name).sort(), ['w1', 'ws']);
   await A.stop();
+  const gcRuns = await gcUntilQuiet(store);
+  const bytesAfter = await storeObjectBytes(store);
+  t.log(`store: ${bytesBefore} bytes before rm, ${bytesAfter} after rm + gc (${gcRuns.map((r) => `deleted ${r.deletedObjects}`).join(', ')}); w2+w3 exclusive ${dropped}`);
+  t.true(bytesBefore - bytesAfter >= dropped, `the removed forks' ${dropped} exclusive bytes are gone (${bytesBefore} -> ${bytesAfter})`);
   const A2 = await serverOn(t, store); // a new process: nothing cached in memory
   for (const name of ['w1', 'ws']) {
     s = await attach(t, A2, name, SIZE);

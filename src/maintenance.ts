@@ -1,0 +1,113 @@
+/**
+ * Compaction and garbage collection as operations: `baton gc` (once, from any host) and the
+ * background pass of `baton serve`.
+ *
+ * Compaction rewrites data, so only the holder of a volume's lease may do it (it commits
+ * under its token, fenced like any write): `baton gc --compact` takes the lease of each
+ * volume nobody serves, exactly as an attach would; a served volume is compacted by the
+ * host serving it, in the background. GC itself needs no lease (src/volume/gc.ts).
+ *
+ * The background pass runs only while this host serves a volume read-write: a server with
+ * nothing attached makes no store requests ("idle costs only storage").
+ */
+
+import { errorMessage, isBatonError } from './errors.js';
+import type { VolumeExports } from './exports.js';
+import type { Logger } from './log.js';
+import type { StoreCatalog } from './volume/catalog.js';
+import { collectGarbage, type GcResult } from './volume/gc.js';
+import { Volume, type CompactionResult } from './volume/volume.js';
+
+export const DEFAULT_COMPACT_BELOW = 0.5;
+
+export interface CompactionReport {
+  name: string;
+  result?: CompactionResult;
+  /** Why it was not compacted (served elsewhere, snapshot, error). */
+  skipped?: string;
+}
+
+/** Compact every volume whose lease this process can take (the others are compacted by their servers). */
+export async function compactIdleVolumes(catalog: StoreCatalog, exports: VolumeExports, opts: { below: number; log?: Logger }): Promise<CompactionReport[]> {
+  const out: CompactionReport[] = [];
+  try {
+    for (const rec of await catalog.allRecords()) {
+      if (rec.snapshot) continue; // immutable: never rewritten
+      let handle;
+      try {
+        handle = await exports.open(rec.name);
+      } catch (err) {
+        const served = isBatonError(err, 'BATON_ERR_LEASE_HELD');
+        out.push({ name: rec.name, skipped: served ? `${errorMessage(err)} (its server compacts it)` : errorMessage(err) });
+        continue;
+      }
+      try {
+        if (!(handle.backend instanceof Volume)) { out.push({ name: rec.name, skipped: 'not an object-store volume' }); continue; }
+        const result = await handle.backend.compact({ below: opts.below });
+        out.push({ name: rec.name, result });
+        opts.log?.info({ volume: rec.name, ...result }, 'compacted');
+      } catch (err) {
+        out.push({ name: rec.name, skipped: errorMessage(err) });
+      } finally {
+        handle.release();
+      }
+    }
+  } finally {
+    // Flush, checkpoint (so the records compaction superseded are garbage), give the leases back.
+    await exports.close();
+  }
+  return out;
+}
+
+export interface BackgroundOptions {
+  intervalMs: number;
+  graceMs: number;
+  compactBelow: number;
+  /** Bytes one compaction pass may rewrite per volume (spreads the work over passes). */
+  compactMaxBytes?: number;
+  log: Logger;
+}
+
+/** Periodic compaction of the volumes this host serves, then a GC run over the store. */
+export class BackgroundMaintenance {
+  private timer: NodeJS.Timeout | null = null;
+  private running: Promise<unknown> | null = null;
+  private stopped = false;
+
+  constructor(private readonly catalog: StoreCatalog, private readonly exports: VolumeExports, private readonly opts: BackgroundOptions) {}
+
+  start(): void {
+    if (this.opts.intervalMs <= 0) return;
+    this.timer = setInterval(() => { if (!this.running) this.running = this.pass().finally(() => { this.running = null; }); }, this.opts.intervalMs);
+    this.timer.unref();
+  }
+
+  /** One pass; errors are logged, never thrown (the next pass tries again). */
+  async pass(): Promise<{ compacted: CompactionReport[]; gc: GcResult | null }> {
+    const served = this.exports.writableVolumes();
+    if (served.length === 0 || this.stopped) return { compacted: [], gc: null };
+    const compacted: CompactionReport[] = [];
+    for (const { name, volume } of served) {
+      try {
+        const result = await volume.compact({ below: this.opts.compactBelow, maxBytes: this.opts.compactMaxBytes ?? 256 * 1024 * 1024 });
+        compacted.push({ name, result });
+      } catch (err) {
+        compacted.push({ name, skipped: errorMessage(err) });
+        this.opts.log.warn({ volume: name, err: errorMessage(err) }, 'background compaction failed; trying again next pass');
+      }
+    }
+    let gc: GcResult | null = null;
+    try {
+      gc = await collectGarbage(this.catalog, { graceMs: this.opts.graceMs, log: this.opts.log });
+    } catch (err) {
+      this.opts.log.warn({ err: errorMessage(err) }, 'background GC failed; nothing was deleted that should not be, trying again next pass');
+    }
+    return { compacted, gc };
+  }
+
+  async stop(): Promise<void> {
+    this.stopped = true;
+    if (this.timer) clearInterval(this.timer);
+    await this.running;
+  }
+}

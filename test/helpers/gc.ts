@@ -1,0 +1,38 @@
+/** Garbage collection from tests: `baton gc` in seconds instead of hours, and what a store holds. */
+import { LocalDirObjectStore } from '../../src/store/local-dir.js';
+import { listAll } from '../../src/store/object-store.js';
+import { run } from './ext4.js';
+import { BATON_BIN } from './server.js';
+
+/** Operations bounded by 1 s: every baton process of a GC test must run with it (serve too). */
+export const GC_TEST_ENV = { BATON_MAX_OPERATION_MS: '1000' };
+export const GC_TEST_GRACE = '2s';
+
+/** Bytes of every volume object in a file: store (what the store would bill). */
+export async function storeObjectBytes(store: string, prefix = 'vol/'): Promise<number> {
+  const s = new LocalDirObjectStore(store.slice('file:'.length));
+  try {
+    return (await listAll(s, prefix)).reduce((n, o) => n + o.size, 0);
+  } finally {
+    await s.close();
+  }
+}
+
+export interface GcJson { deletedObjects: number; deletedBytes: number; markedObjects: number; youngUnreferenced: number; storedBytes: number; referencedBytes: number; compacted?: { name: string; result?: { rewrittenBytes: number; objects: number }; skipped?: string }[] }
+
+/**
+ * `baton gc --json` every grace period until a run marks nothing and finds nothing young
+ * (everything freed is deleted). `extra` goes to the first run only (e.g. --compact).
+ */
+export async function gcUntilQuiet(store: string, extra: string[] = [], maxRuns = 6): Promise<GcJson[]> {
+  const runs: GcJson[] = [];
+  for (let i = 0; i < maxRuns; i++) {
+    const r = await run(process.execPath, [BATON_BIN, 'gc', '--store', store, '--grace', GC_TEST_GRACE, '--json', ...(i === 0 ? extra : [])], { timeoutMs: 300_000, env: GC_TEST_ENV });
+    if (r.code !== 0) throw new Error(`baton gc exited ${r.code ?? r.signal}: ${r.output}`);
+    const j = JSON.parse(r.stdout) as GcJson;
+    runs.push(j);
+    if (i > 0 && j.markedObjects === 0 && j.youngUnreferenced === 0) break;
+    await new Promise((res) => setTimeout(res, 2200));
+  }
+  return runs;
+}
