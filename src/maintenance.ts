@@ -7,8 +7,9 @@
  * volume nobody serves, exactly as an attach would; a served volume is compacted by the
  * host serving it, in the background. GC itself needs no lease (src/volume/gc.ts).
  *
- * The background pass runs only while this host serves a volume read-write: a server with
- * nothing attached makes no store requests ("idle costs only storage").
+ * The background pass runs only while this host serves a volume read-write, and only when
+ * there is something to do: a served volume committed since the last pass, or the last GC
+ * run left objects to delete later. A quiet server makes no store requests.
  */
 
 import { errorMessage, isBatonError } from './errors.js';
@@ -73,6 +74,9 @@ export class BackgroundMaintenance {
   private timer: NodeJS.Timeout | null = null;
   private running: Promise<unknown> | null = null;
   private stopped = false;
+  /** Commits per served volume at the last pass, and whether that pass left work pending. */
+  private seen = new Map<string, number>();
+  private pending = false;
 
   constructor(private readonly catalog: StoreCatalog, private readonly exports: VolumeExports, private readonly opts: BackgroundOptions) {}
 
@@ -86,6 +90,8 @@ export class BackgroundMaintenance {
   async pass(): Promise<{ compacted: CompactionReport[]; gc: GcResult | null }> {
     const served = this.exports.writableVolumes();
     if (served.length === 0 || this.stopped) return { compacted: [], gc: null };
+    const changed = served.some(({ name, volume }) => this.seen.get(name) !== volume.stats().commits);
+    if (!changed && !this.pending) return { compacted: [], gc: null };
     const compacted: CompactionReport[] = [];
     for (const { name, volume } of served) {
       try {
@@ -99,9 +105,13 @@ export class BackgroundMaintenance {
     let gc: GcResult | null = null;
     try {
       gc = await collectGarbage(this.catalog, { graceMs: this.opts.graceMs, log: this.opts.log });
+      this.pending = gc.markedObjects > 0 || gc.youngUnreferenced > 0;
     } catch (err) {
+      this.pending = true;
       this.opts.log.warn({ err: errorMessage(err) }, 'background GC failed; nothing was deleted that should not be, trying again next pass');
     }
+    // After compaction's own commits: a pass that only compacted counts as a change once.
+    this.seen = new Map(served.map(({ name, volume }) => [name, volume.stats().commits]));
     return { compacted, gc };
   }
 
