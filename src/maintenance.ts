@@ -34,6 +34,17 @@ export async function compactIdleVolumes(catalog: StoreCatalog, exports: VolumeE
   try {
     for (const rec of await catalog.allRecords()) {
       if (rec.snapshot) continue; // immutable: never rewritten
+      // Look before taking the lease: a volume with nothing to compact is left alone (no
+      // takeover record, no checkpoint written for nothing).
+      try {
+        const view = await catalog.openView(rec, catalog.store, true);
+        const c = view.compactionCandidates(opts.below);
+        await view.close();
+        if (c.victims.size === 0) { out.push({ name: rec.name, skipped: 'nothing to compact' }); continue; }
+      } catch (err) {
+        out.push({ name: rec.name, skipped: errorMessage(err) });
+        continue;
+      }
       let handle;
       try {
         handle = await exports.open(rec.name);

@@ -43,6 +43,12 @@ export const keys = {
   segment: (id: string, seq: number, nonce: string, n: number) => `vol/${id}/seg/${seqStr(seq)}-${nonce}-${n}`,
 };
 
+/** The log position a segment was uploaded for: vol/<id>/seg/<seq:20>-<nonce>-<n>. */
+export function segmentSeq(key: string): number | null {
+  const m = /\/seg\/(\d{20})-/.exec(key);
+  return m ? Number(m[1]) : null;
+}
+
 export function seqFromKey(key: string): number {
   const s = key.slice(key.lastIndexOf('/') + 1);
   if (!/^\d{20}$/.test(s)) throw new CorruptError(`unexpected key in log: ${key}`);
@@ -143,8 +149,9 @@ export function decodeCheckpoint(b: Buffer, key: string): Checkpoint {
 
 /**
  * The longest a multi-step operation may take between reading the store's state and
- * landing what depends on it: a commit (first segment upload -> log record), a fork (read
- * of the fork point -> its record), a read-only view (map load -> reads through it).
+ * landing what depends on it: a fork (read of the fork point -> its record; slower ones
+ * are undone and made again) and a read-only view (map load -> reads through it; older
+ * maps are refreshed first).
  * Garbage collection relies on it: its grace period must be at least twice this (see
  * src/volume/gc.ts), and every host must use the same value. BATON_MAX_OPERATION_MS
  * lowers it for tests that exercise GC in seconds.

@@ -9,8 +9,9 @@
  * - every object recovery read: the newest checkpoint, the log records after it, and for a
  *   fork without its own checkpoint the ancestor's checkpoint and records up to the fork point;
  * plus, for every volume id reachable from a record through `parent` links, its `meta` (`rm`
- * walks those links to find descendants), and the newest log record of every id (a log
- * position is never freed for reuse: fencing depends on positions being taken forever).
+ * walks those links to find descendants), the newest log record of every id (the top log
+ * position is never freed for reuse), and every segment uploaded for a log position after
+ * the newest one (a commit in flight: its record is not written yet).
  * `volumes/` records are never touched.
  *
  * ## Two phases and a grace period G
@@ -31,9 +32,14 @@
  *    within M/2 of that load, and run 2 lists the records again M/2 after its last load and
  *    computes the new ones, until nothing new appears: it is in R. Run 1 did the same, so
  *    from W1 on no map, existing or in creation, names X.
- * 3. A commit in flight: its segments are uploaded before the record that names them, but a
- *    record never names a segment older than M/2 (volume.ts refuses), and run 1 only marks
- *    objects older than G.
+ * 3. A commit in flight: its segments are uploaded before the record that names them, and
+ *    they are named for the position that record will take (seg/<seq>-...). GC lists the
+ *    store before it loads the maps: a segment whose record was in that listing is in the
+ *    maps if still used, and a segment for a position after the listing's newest record
+ *    is kept, however long the upload takes. If that position is taken by another writer instead, the segments'
+ *    writer is fenced and never names them. (A writer fenced long enough for GC to delete
+ *    old log records could re-create one of those positions, but its lease ran out before
+ *    then, and a writer past its lease deadline acknowledges nothing: volume.ts.)
  * 4. A reader on another host with an older map: read-only views of live volumes refresh
  *    their map when it is older than M/2 before reading (volume.ts), so every map read
  *    through after S2 was loaded after S2 - M/2 > W1, when no map named X any more.
@@ -57,7 +63,7 @@ import { InvalidArgumentError, NotFoundError, errorMessage } from '../errors.js'
 import type { Logger } from '../log.js';
 import { listAll, type ByteRange, type ListOptions, type ObjectHead, type ObjectInfo, type ObjectStore} from '../store/object-store.js';
 import type { StoreCatalog } from './catalog.js';
-import { decodeVolumeRecord, keys, maxOperationMs, type VolumeRecord } from './format.js';
+import { decodeVolumeRecord, keys, maxOperationMs, segmentSeq, seqFromKey, type VolumeRecord } from './format.js';
 import { mapLimit } from './volume.js';
 
 export const DEFAULT_GC_GRACE_MS = 60 * 60 * 1000;
@@ -142,7 +148,7 @@ async function referenceSet(catalog: StoreCatalog, maxOpMs: number, log: Logger 
     const tracking = new ReadTrackingStore(store);
     let view;
     try {
-      view = await catalog.openView(rec, tracking);
+      view = await catalog.openView(rec, tracking, true);
     } catch (err) {
       // Removed while we looked (rm deletes the record first): nobody needs its map.
       if (err instanceof NotFoundError && !(await store.head(keys.volumeRecord(rec.name)))) return;
@@ -185,23 +191,30 @@ export async function collectGarbage(catalog: StoreCatalog, opts: GcOptions = {}
   const graceMs = opts.graceMs ?? DEFAULT_GC_GRACE_MS;
   const m = opts.maxOperationMs ?? maxOperationMs();
   if (!(graceMs >= 2 * m)) {
-    throw new InvalidArgumentError(`the GC grace period (${graceMs} ms) must be at least twice the longest operation (${m} ms, BATON_MAX_OPERATION_MS): a shorter one could delete data a fork or commit in flight still needs`);
+    throw new InvalidArgumentError(`the GC grace period (${graceMs} ms) must be at least twice the longest operation (${m} ms, BATON_MAX_OPERATION_MS): a shorter one could delete data a fork in creation or a reader on another host still needs`);
   }
   const dryRun = opts.dryRun ?? false;
   const now = await storeNow(store);
   const cutoff = now - graceMs;
 
+  // List first, then compute the maps: whatever a commit landed before the listing names is
+  // then in the maps, and what lands after it is not in the listing, so not a candidate.
+  const objects = await listAll(store, 'vol/');
   const t0 = performance.now();
   const { refs, records } = await referenceSet(catalog, m, log);
   log?.info({ records, referenced: refs.size, ms: Math.round(performance.now() - t0) }, 'gc: reference set computed');
 
-  const objects = await listAll(store, 'vol/');
   const newestLog = new Map<string, string>();
   for (const o of objects) {
     const id = idOf(o.key);
     if (id && o.key.startsWith(keys.logPrefix(id))) newestLog.set(id, o.key); // listed in order: the last one wins
   }
   for (const k of newestLog.values()) refs.add(k);
+  for (const o of objects) {
+    const seq = segmentSeq(o.key);
+    const top = newestLog.get(idOf(o.key) ?? '');
+    if (seq !== null && seq > (top ? seqFromKey(top) : 0)) refs.add(o.key);
+  }
 
   const result: GcResult = {
     dryRun, graceMs, records, objects: objects.length, storedBytes: 0, referencedObjects: 0, referencedBytes: 0,

@@ -29,7 +29,7 @@ import type { BlockBackend, Extent, ZeroOptions } from '../../nbd/backend.js';
 import { NBD_STATE_HOLE, NBD_STATE_ZERO } from '../../nbd/constants.js';
 import { ExtentMap, type Piece } from '../../cow/extent-map.js';
 import type { BlockCache } from '../cache.js';
-import { BatonError, CorruptError, FencedError, LeaseLostError, NotFoundError, PreconditionFailedError, ReadOnlyError, ShutdownError, StoreUnavailableError, errorMessage } from '../errors.js';
+import { BatonError, CorruptError, FencedError, LeaseLostError, NotFoundError, PreconditionFailedError, ReadOnlyError, ShutdownError, errorMessage } from '../errors.js';
 import type { Logger } from '../log.js';
 import { listAll, type ObjectStore } from '../store/object-store.js';
 import {
@@ -666,7 +666,6 @@ export class Volume implements BlockBackend {
     // Each segment is assembled just before its upload, not all at once: a big commit
     // would otherwise hold the event loop for the whole copy.
     const segBodies: Buffer[] = new Array(segments.length);
-    const uploadStart = performance.now();
     await mapLimit(segments, this.uploadConcurrency, async (s, i) => {
       await new Promise((r) => setImmediate(r));
       const body = Buffer.concat(s.parts, s.size);
@@ -678,11 +677,6 @@ export class Volume implements BlockBackend {
       v: 1, kind: 'commit', seq, volumeId: this.id, token: this.token, time: new Date().toISOString(),
       segments: segments.map((s) => ({ key: s.key, size: s.size })), extents, inlineLength,
     };
-    // GC may collect a segment that no log record named for its grace period (>= 2x
-    // maxOperationMs): a record must not name segments older than half of that.
-    if (segments.length > 0 && performance.now() - uploadStart > this.maxOpMs / 2) {
-      throw new StoreUnavailableError(`volume ${this.name}: uploading the segments of a commit took ${Math.round(performance.now() - uploadStart)} ms, too long to reference them safely; the data stays dirty and the next flush uploads it again`);
-    }
     const { body, dataStart } = encodeLogRecord(header, inlineParts);
     const key = keys.log(this.id, seq);
     const putId = randomBytes(8).toString('hex');
@@ -795,18 +789,7 @@ export class Volume implements BlockBackend {
    */
   async compact(opts: { below: number; maxBytes?: number }): Promise<CompactionResult> {
     this.checkWritable();
-    const prefix = keys.volumePrefix(this.id);
-    const live = new Map<string, number>();
-    for (const e of this.committed.entries()) {
-      const v = e.value;
-      if (!isZero(v) && v.key.startsWith(prefix)) live.set(v.key, (live.get(v.key) ?? 0) + e.length);
-    }
-    const victims = new Set<string>();
-    let victimBytes = 0;
-    for (const [key, n] of live) {
-      const size = this.objectSizes.get(key) ?? 0;
-      if (size > 0 && n < opts.below * size) { victims.add(key); victimBytes += size; }
-    }
+    const { victims, objectBytes: victimBytes } = this.compactionCandidates(opts.below);
     const pieces: { offset: number; length: number; key: string; off: number }[] = [];
     let planned = 0;
     const maxBytes = opts.maxBytes ?? Infinity;
@@ -838,6 +821,24 @@ export class Volume implements BlockBackend {
     await this.flush();
     this.log.info({ objects: victims.size, objectBytes: victimBytes, rewritten }, 'compacted');
     return { objects: victims.size, objectBytes: victimBytes, rewrittenBytes: rewritten };
+  }
+
+  /** This volume's own objects whose live fraction is below `below` (what compact() would rewrite). */
+  compactionCandidates(below: number): { victims: Set<string>; objectBytes: number; liveBytes: number } {
+    const prefix = keys.volumePrefix(this.id);
+    const live = new Map<string, number>();
+    for (const e of this.committed.entries()) {
+      const v = e.value;
+      if (!isZero(v) && v.key.startsWith(prefix)) live.set(v.key, (live.get(v.key) ?? 0) + e.length);
+    }
+    const victims = new Set<string>();
+    let objectBytes = 0;
+    let liveBytes = 0;
+    for (const [key, n] of live) {
+      const size = this.objectSizes.get(key) ?? 0;
+      if (size > 0 && n < below * size) { victims.add(key); objectBytes += size; liveBytes += n; }
+    }
+    return { victims, objectBytes, liveBytes };
   }
 
   /** The committed map (for diff and space accounting): [offset, length, key|null for zeroes, objectOffset]. */

@@ -22,12 +22,14 @@ export interface GcJson { deletedObjects: number; deletedBytes: number; markedOb
 
 /**
  * `baton gc --json` every grace period until a run marks nothing and finds nothing young
- * (everything freed is deleted). `extra` goes to the first run only (e.g. --compact).
+ * (everything freed is deleted). `firstRun` goes to the first run only (e.g. --compact);
+ * `storeArgs` and `env` to every run (S3 endpoint and credentials).
  */
-export async function gcUntilQuiet(store: string, extra: string[] = [], maxRuns = 6): Promise<GcJson[]> {
+export async function gcUntilQuiet(store: string, o: { firstRun?: string[]; storeArgs?: string[]; env?: Record<string, string>; maxRuns?: number } = {}): Promise<GcJson[]> {
   const runs: GcJson[] = [];
-  for (let i = 0; i < maxRuns; i++) {
-    const r = await run(process.execPath, [BATON_BIN, 'gc', '--store', store, '--grace', GC_TEST_GRACE, '--json', ...(i === 0 ? extra : [])], { timeoutMs: 300_000, env: GC_TEST_ENV });
+  for (let i = 0; i < (o.maxRuns ?? 6); i++) {
+    const args = [BATON_BIN, 'gc', '--store', store, ...(o.storeArgs ?? []), '--grace', GC_TEST_GRACE, '--json', ...(i === 0 ? o.firstRun ?? [] : [])];
+    const r = await run(process.execPath, args, { timeoutMs: 300_000, env: { ...o.env, ...GC_TEST_ENV } });
     if (r.code !== 0) throw new Error(`baton gc exited ${r.code ?? r.signal}: ${r.output}`);
     const j = JSON.parse(r.stdout) as GcJson;
     runs.push(j);

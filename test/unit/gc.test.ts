@@ -246,3 +246,32 @@ test('a grace shorter than twice the longest operation is refused', async (t) =>
   t.true(err instanceof InvalidArgumentError);
   t.regex(err!.message, /at least twice/);
 });
+
+test('a fork slower than half the max operation time is undone and made again; always slow, nothing is created', async (t) => {
+  const inner = new MemoryObjectStore();
+  let slowPuts = 1;
+  const slow = new Proxy(inner, {
+    get(target, prop) {
+      if (prop === 'put') {
+        return async (key: string, body: Buffer, o?: object) => {
+          if (key.startsWith('volumes/') && slowPuts > 0) { slowPuts--; await new Promise((r) => setTimeout(r, M / 2 + 50)); }
+          return target.put(key, body, o);
+        };
+      }
+      const v = Reflect.get(target, prop) as unknown;
+      return typeof v === 'function' ? (v as (...a: unknown[]) => unknown).bind(target) : v;
+    },
+  });
+  const cache = BlockCache.open({ capacityBytes: 16 * MiB });
+  const catalog = new StoreCatalog({ store: slow, log: silentLogger(), cache: () => cache, volume: { maxOperationMs: M } });
+  await catalog.create('src', 16 * MiB);
+  slowPuts = 1;
+  const f = await catalog.fork('src', 'f1');
+  t.is(f.name, 'f1');
+  t.deepEqual((await catalog.list()).map((v) => v.name).sort(), ['f1', 'src'], 'one fork, made on the second try');
+  slowPuts = 3;
+  const err = await t.throwsAsync(catalog.snapshot('src', 's'));
+  t.regex(err!.message, /too long.*nothing was created/);
+  t.deepEqual((await catalog.list()).map((v) => v.name).sort(), ['f1', 'src']);
+  t.is((await listAll(inner, 'vol/')).filter((o) => o.key.endsWith('/meta')).length, 2, 'no meta left behind by the undone attempts');
+});
