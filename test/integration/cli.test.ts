@@ -60,6 +60,10 @@ test('bad input gets a clear error and exit code 2, never a stack trace', (t) =>
     [['ls', '--store', 'ftp://nowhere'], /--store.*must be file:DIR or s3:\/\/bucket/],
     [['serve', '--listen', 'nonsense', '--store', store], /--listen must be HOST:PORT/],
     [['frobnicate'], /unknown command/],
+    [['gc', '--grace', 'soon', '--store', store], /not a duration: soon/],
+    [['gc', '--grace', '1s', '--store', store], /grace period \(1000 ms\) must be at least twice/],
+    [['gc', '--compact-below', '2', '--store', store], /not a fraction between 0 and 1: 2/],
+    [['gc', '--store', 'ram:'], /gc needs an object store/],
   ];
   for (const [args, re] of cases) {
     const r = baton(args);
@@ -70,7 +74,7 @@ test('bad input gets a clear error and exit code 2, never a stack trace', (t) =>
 });
 
 test('--help of every command has examples', (t) => {
-  for (const cmd of [[], ['serve'], ['create'], ['ls'], ['info'], ['rm']]) {
+  for (const cmd of [[], ['serve'], ['create'], ['ls'], ['info'], ['rm'], ['fork'], ['snapshot'], ['diff'], ['gc'], ['handoff'], ['status']]) {
     const r = baton([...cmd, '--help']);
     t.is(r.status, 0);
     t.regex(r.stdout, /Examples:\n\s+\$ baton /, `baton ${cmd.join(' ')} --help`);
