@@ -591,8 +591,28 @@ export class Volume implements BlockBackend {
     return this.nextCommit.promise;
   }
 
+  /**
+   * A failed commit leaves its data buffered. If writers are parked over the hard limit (or
+   * the buffer is over the soft limit), nothing else would start the next attempt until a
+   * client writes or flushes again, so retry with backoff (500 ms doubling to 30 s) while that
+   * is so. An idle volume with nothing buffered never has a timer.
+   */
+  private retryTimer: NodeJS.Timeout | null = null;
+  private retryDelayMs = 0;
+
+  private scheduleRetry(): void {
+    if (this.retryTimer || this.closed || this.fencedError || this.commitRunning) return;
+    if (this.writeWaiters.length === 0 && this.heldBytes < this.softLimit) return;
+    this.retryDelayMs = Math.min(Math.max(this.retryDelayMs * 2, 500), 30_000);
+    // Not unref'd: buffered data that must still land keeps the process alive.
+    this.retryTimer = setTimeout(() => { this.retryTimer = null; this.kickCommit(); }, this.retryDelayMs);
+  }
+
   private startCommit(): Promise<void> {
-    const p = this.commit().finally(() => {
+    const p = this.commit().then(
+      () => { this.retryDelayMs = 0; },
+      (err: unknown) => { setImmediate(() => this.scheduleRetry()); throw err; },
+    ).finally(() => {
       this.commitRunning = null;
       this.wakeWriters();
       const next = this.nextCommit;
@@ -875,6 +895,7 @@ export class Volume implements BlockBackend {
       }
     }
     this.closed = true;
+    if (this.retryTimer) { clearTimeout(this.retryTimer); this.retryTimer = null; }
     this.wakeWriters();
     await this.checkpointing;
   }

@@ -311,3 +311,25 @@ test('an idle served volume makes no store requests', async (t) => {
   await v.flush(); // nothing dirty
   t.is(inst.stats().total.requests, 0);
 });
+
+test('writes parked over the hard limit resume once the store is back, without another write or flush', async (t) => {
+  const faulty = new FaultyObjectStore(new MemoryObjectStore());
+  const { open } = await setup(faulty, 512 * MiB, { dirtySoftLimit: MiB, dirtyHardLimit: 2 * MiB, segmentBytes: MiB });
+  const v = await open();
+  faulty.setFaults({ errorRate: 1, ops: ['put'] });
+  // The hard limit is soft + 32 MiB at least: 40 MiB of writes park some writers.
+  const data = Array.from({ length: 40 }, (_, i) => Buffer.alloc(MiB, i + 1));
+  let done = 0;
+  const writer = (async () => {
+    for (let i = 0; i < 40; i++) { await v.write(i * MiB, data[i]!, false); done++; }
+  })();
+  await new Promise((r) => setTimeout(r, 1000));
+  const st = v.stats();
+  t.true(done < 40 && st.dirtyBytes + st.sealedBytes >= 32 * MiB, `the writer is parked while every commit fails (${done} done, ${st.sealedBytes} sealed)`);
+  faulty.setFaults({ errorRate: 0 });
+  await writer; // resumed by the engine's own retry, not by a client
+  t.is(done, 40);
+  await v.flush();
+  const v2 = await open();
+  same(t, await v2.read(39 * MiB, MiB), Buffer.alloc(MiB, 40));
+});
