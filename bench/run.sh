@@ -5,6 +5,8 @@
 # volume; RUNS, LEASE_TTL for handoff. SCENARIOS picks scenarios (default: "nbd-throughput
 # volume handoff"). Results land in bench/results/ (table .md, everything .json).
 # fork (fork time on 1 GiB/1 TiB volumes, read latency root vs 50-deep fork): FORK_SIZES, WRITTEN, DEPTH, PASSES.
+# gc (space amplification after a churn workload: stored ÷ live after GC alone and after compaction + GC, GC run times): SIZE, LIVE, CHURN, SEED, BELOW, MAX_OP_MS, RGW, RGW_BELOW.
+# workspace-forks (three forks of the seed's git + npm workspace on ext4: fork, attach, commit, fsck, store bytes, rm + gc; root): SIZE, RGW, SEED.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! npx tsc -p .; then
@@ -12,10 +14,15 @@ if ! npx tsc -p .; then
   npx tsc -p bench/tsconfig.json
 fi
 failed=()
-for s in ${SCENARIOS:-nbd-throughput volume handoff fork}; do
+for s in ${SCENARIOS:-nbd-throughput volume handoff fork workspace-forks gc}; do
   if [[ "$s" == volume ]] && { [[ $EUID -ne 0 ]] || ! command -v radosgw >/dev/null; }; then
     # radosgw (scripts/rgw.sh) and losetup/mount for ext4 over nbdfuse.
     echo "bench: skipping volume: it needs root and radosgw (scripts/install-deps.sh)" >&2
+    continue
+  fi
+  if [[ "$s" == workspace-forks ]] && [[ $EUID -ne 0 ]]; then
+    # losetup and mount for ext4 over nbdfuse (radosgw is used when installed, not required).
+    echo "bench: skipping workspace-forks: it needs root (losetup, mount)" >&2
     continue
   fi
   echo "bench: $s" >&2
