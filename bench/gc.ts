@@ -657,7 +657,7 @@ const command = [...Object.entries({ SIZE: process.env.SIZE, LIVE: process.env.L
 // An await that can never settle (nothing left on the event loop) ends node with code 13 and no
 // stack: say where to look instead of exiting silently.
 process.on('exit', (code) => {
-  if (code === 13) process.stderr.write('gc bench: the event loop ran dry while a step was still waiting (exit 13): a write parked in Volume.admit() after a failed background commit is never resumed (see bench/README.md, gc)\n');
+  if (code === 13) process.stderr.write('gc bench: the event loop ran dry while a step was still waiting (exit 13): an engine bug, please report it with the seed\n');
 });
 log(`gc bench: ${machine.nproc} cores, load ${machine.loadavgAtStart.join(' ')}, temp dir ${work}`);
 
