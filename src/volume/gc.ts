@@ -42,7 +42,10 @@
  *    then, and a writer past its lease deadline acknowledges nothing: volume.ts.)
  * 4. A reader on another host with an older map: read-only views of live volumes refresh
  *    their map when it is older than M/2 before reading (volume.ts), so every map read
- *    through after S2 was loaded after S2 - M/2 > W1, when no map named X any more.
+ *    through after S2 was loaded after S2 - M/2 > W1, when no map named X any more. (Reads
+ *    that arrive during a refresh wait for it. A refresh that finds log records after its
+ *    position collected, as a gap or as a record gone before it could read it, reloads
+ *    from the newest checkpoint into a new map and swaps it in whole.)
  * 5. Recovery in progress (a host opening a volume from a checkpoint GC has since superseded):
  *    the map it ends with is the current one (checkpoint + every later record), so it names
  *    nothing deleted; if a record it meant to replay is gone, recovery fails with a clear

@@ -155,7 +155,7 @@ export class Volume implements BlockBackend {
   private mapLoadedAt = 0;
   private refreshing: Promise<void> | null = null;
 
-  private constructor(private readonly record: VolumeRecord, opts: VolumeOptions) {
+  private constructor(private readonly record: VolumeRecord, private readonly opts: VolumeOptions) {
     this.size = record.size;
     this.id = record.id;
     this.readOnly = opts.readOnly;
@@ -427,26 +427,36 @@ export class Volume implements BlockBackend {
   private get followsLog(): boolean { return this.readOnly && !this.record.snapshot; }
 
   private async refreshIfStale(): Promise<void> {
+    // A read that arrives during a refresh waits for it: the map in use is the stale one.
+    if (this.refreshing) { await this.refreshing; return; }
     if (performance.now() - this.mapLoadedAt <= this.maxOpMs / 2) return;
-    this.refreshing ??= this.refresh().finally(() => { this.refreshing = null; });
+    this.refreshing = this.refresh().finally(() => { this.refreshing = null; });
     await this.refreshing;
   }
 
-  /** Catch up with the log; if the records after our position were collected, reload from the newest checkpoint. */
+  /**
+   * Catch up with the log. If GC collected records after our position (a gap in the listing,
+   * or a record gone between listing and reading it), reload from the newest checkpoint:
+   * the new map is built beside the one in use and swapped in whole, so no read ever sees a
+   * half-loaded map.
+   */
   async refresh(): Promise<void> {
     const t0 = performance.now();
     try {
       await this.replayLog();
-    } catch (err) {
-      if (!(err instanceof CorruptError)) throw err;
-      this.log.info({ err: errorMessage(err) }, 'log moved past this view; reloading from the newest checkpoint');
-      this.committed = new ExtentMap<Loc>(sliceLoc);
-      this.nextSeq = 1;
-      this.highestTokenSeen = 0;
-      await this.recover();
+      this.mapLoadedAt = t0;
       return;
+    } catch (err) {
+      if (!(err instanceof CorruptError) && !(err instanceof NotFoundError)) throw err;
+      this.log.info({ err: errorMessage(err) }, 'log moved past this view; reloading from the newest checkpoint');
     }
-    this.mapLoadedAt = t0;
+    const fresh = await Volume.open(this.record, this.opts);
+    this.committed = fresh.committed;
+    for (const [k, v] of fresh.objectSizes) this.objectSizes.set(k, v);
+    this.nextSeq = fresh.nextSeq;
+    this.highestTokenSeen = fresh.highestTokenSeen;
+    this.lastCheckpointSeq = fresh.lastCheckpointSeq;
+    this.mapLoadedAt = fresh.mapLoadedAt;
   }
 
   async read(offset: number, length: number, into?: Buffer): Promise<Buffer> {
