@@ -318,7 +318,7 @@ function withLease(cmd: Command): Command {
 withLease(withStore(program.command('gc')
   .description('delete objects no volume, fork or snapshot needs any more; with --compact, first rewrite mostly-dead data')))
   .option('--grace <duration>', 'only objects unreferenced for this long are deleted (at least 2x BATON_MAX_OPERATION_MS, default 60 s)', durationArg, DEFAULT_GC_GRACE_MS)
-  .option('--dry-run', 'report what would be marked and deleted; change nothing')
+  .option('--dry-run', 'report what would be marked and deleted; delete nothing, mark nothing')
   .option('--compact', 'first compact every volume no host is serving (takes its lease, like an attach)')
   .option('--compact-below <fraction>', 'with --compact: rewrite objects whose live fraction is below this', fractionArg, DEFAULT_COMPACT_BELOW)
   .option('--json', 'print JSON')
