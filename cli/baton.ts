@@ -329,6 +329,8 @@ needs (its map and what recovery reads), marks the unreferenced objects older th
 and deletes the ones an earlier run marked at least --grace ago that are still
 unreferenced. So data freed now is deleted by a run at least one grace period later: run
 it periodically (baton serve does, see --gc-interval). Several hosts may run it at once.
+Each run waits half of BATON_MAX_OPERATION_MS (30 s by default) for forks and snapshots in
+creation before it decides anything.
 
 Examples:
   $ baton gc --dry-run
