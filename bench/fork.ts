@@ -28,7 +28,6 @@
 import { randomBytes } from 'node:crypto';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
-import { CreateBucketCommand, S3Client } from '@aws-sdk/client-s3';
 import { BlockCache } from '../src/cache.js';
 import { silentLogger } from '../src/log.js';
 import { formatSize, parseSize } from '../src/size.js';
@@ -39,7 +38,7 @@ import { openStore } from '../src/store/open.js';
 import { StoreCatalog } from '../src/volume/catalog.js';
 import {
   BATON_BIN, MiB, REPO_ROOT, envNumber, envSize, fmt, fmtRatio, has, machineInfo, makeRandomFile, makeTempDir, markdownTable, median, nbdReadOnce,
-  ratio, runCommand, runFio, runNbdcopy, shellQuote, startBaton, startRgw, writeResults, type FioResult, type RgwServer,
+  ratio, runCommand, runFio, runNbdcopy, shellQuote, startBaton, startRgwBucket, writeResults, type FioResult, type RgwServer,
 } from './lib.js';
 
 const STEPS = new Set((process.env.STEPS || 'fork,latency').split(',').map((s) => s.trim()).filter(Boolean));
@@ -348,7 +347,6 @@ log(`fork bench: ${machine.nproc} cores, load ${machine.loadavgAtStart.join(' ')
 if (STEPS.has('fork')) {
   log('fork:');
   let rgw: RgwServer | null = null;
-  let s3: S3Client | null = null;
   try {
     const fileDir = path.join(work, 'file-store');
     const stores: StoreUnderTest[] = [{ label: 'file:', store: new LocalDirObjectStore(fileDir), cli: { url: `file:${fileDir}`, env: {} } }];
@@ -356,14 +354,12 @@ if (STEPS.has('fork')) {
       stores.push({ label: `file: +${LATENCY_MS} ms/request`, store: new FaultyObjectStore(new LocalDirObjectStore(path.join(work, 'slow-store')), { latencyMs: LATENCY_MS }), cli: null });
     }
     if (RGW) {
-      rgw = await startRgw(path.join(work, 'rgw'));
-      rgwVersion = (await runCommand(['radosgw', '--version']).catch(() => null))?.stdout.trim().split('\n')[0]?.replace(/\s*\([0-9a-f]{40}\)/, '') ?? 'radosgw';
-      rgwVersion += ` (scripts/rgw.sh, one memstore OSD, loopback; started in ${rgw.startSeconds.toFixed(1)} s)`;
-      const credentials = { accessKeyId: rgw.env.AWS_ACCESS_KEY_ID!, secretAccessKey: rgw.env.AWS_SECRET_ACCESS_KEY! };
-      s3 = new S3Client({ endpoint: rgw.endpoint, region: rgw.env.AWS_REGION ?? 'us-east-1', forcePathStyle: true, credentials });
-      await s3.send(new CreateBucketCommand({ Bucket: BUCKET }));
+      const started = await startRgwBucket(path.join(work, 'rgw'), BUCKET);
+      rgw = started.rgw;
+      rgwVersion = started.version;
+      const { credentials } = started;
       const url = `s3://${BUCKET}/fork`;
-      stores.push({ label: 'radosgw', store: openStore(url, { endpoint: rgw.endpoint, credentials }), cli: { url, env: rgw.env } });
+      stores.push({ label: 'radosgw', store: openStore(url, { endpoint: started.rgw.endpoint, credentials }), cli: { url, env: started.rgw.env } });
     }
     forkRows = await forkStep(stores);
     for (const s of stores) await s.store.close().catch(() => {});
@@ -371,7 +367,6 @@ if (STEPS.has('fork')) {
     log(`  fork: ERROR ${(e as Error).stack ?? String(e)}`);
     errors.push({ step: 'fork', error: (e as Error).message });
   } finally {
-    s3?.destroy();
     await rgw?.stop();
   }
 }

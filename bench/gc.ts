@@ -40,11 +40,11 @@ import { randomBytes } from 'node:crypto';
 import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
-import { CreateBucketCommand, S3Client } from '@aws-sdk/client-s3';
 import { BlockCache } from '../src/cache.js';
 import { StoreUnavailableError } from '../src/errors.js';
 import { makeLogger, silentLogger } from '../src/log.js';
 import { formatSize, parseSize } from '../src/size.js';
+import { seededRandom } from '../src/store/decorators.js';
 import { LocalDirObjectStore } from '../src/store/local-dir.js';
 import { listAll, type ObjectStore } from '../src/store/object-store.js';
 import { openStore } from '../src/store/open.js';
@@ -52,7 +52,7 @@ import { StoreCatalog } from '../src/volume/catalog.js';
 import { collectGarbage, type GcResult } from '../src/volume/gc.js';
 import type { CompactionResult, Volume } from '../src/volume/volume.js';
 import {
-  MiB, REPO_ROOT, envNumber, envSize, fmt, has, machineInfo, makeTempDir, markdownTable, runCommand, startRgw, writeResults, type RgwServer,
+  MiB, REPO_ROOT, envNumber, envSize, fmt, has, machineInfo, makeTempDir, markdownTable, startRgwBucket, writeResults, type RgwServer,
 } from './lib.js';
 
 const BLOCK = 4096;
@@ -83,17 +83,6 @@ const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms
 
 // ------------------------------------------------------------------ seeded randomness and content
 
-function prng(seed: number): () => number {
-  let a = (seed >>> 0) || 0x9e3779b9;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
-
 function mix(a: number, b: number): number {
   let h = Math.imul(a ^ 0x9e3779b1, 0x85ebca6b) ^ Math.imul(b + 0x7f4a7c15, 0xc2b2ae35);
   h ^= h >>> 16;
@@ -105,7 +94,7 @@ function mix(a: number, b: number): number {
 /** 64 MiB of seeded random bytes: every block's content is a slice of it, stamped with (block, serial). */
 const POOL_BYTES = 64 * MiB;
 function makePool(seed: number): Buffer {
-  const r = prng(seed ^ 0x5eed);
+  const r = seededRandom(seed ^ 0x5eed);
   const b = Buffer.allocUnsafe(POOL_BYTES + BLOCK);
   for (let i = 0; i < b.length; i += 4) b.writeUInt32LE(Math.floor(r() * 4294967296), i);
   return b;
@@ -523,7 +512,7 @@ async function runVariant(s: StoreUnderTest, below: number, work: string): Promi
   // Warnings (a failed background commit, a slow upload) go to stderr; BATON_LOG_LEVEL=info shows more.
   const catalog = new StoreCatalog({ store, log: makeLogger(process.env.BATON_LOG_LEVEL || 'warn'), cache: () => cache, volume: { maxOperationMs: M } });
   const name = 'ws';
-  const rnd = prng(SEED);
+  const rnd = seededRandom(SEED);
   const pool = makePool(SEED);
   const model = new Model(SIZE, rnd);
   await catalog.create(name, SIZE);
@@ -679,15 +668,12 @@ for (const below of BELOW) {
 
 if (RGW) {
   let rgw: RgwServer | null = null;
-  let s3: S3Client | null = null;
   try {
-    rgw = await startRgw(path.join(work, 'rgw'));
-    rgwVersion = (await runCommand(['radosgw', '--version']).catch(() => null))?.stdout.trim().split('\n')[0]?.replace(/\s*\([0-9a-f]{40}\)/, '') ?? 'radosgw';
-    rgwVersion += ` (scripts/rgw.sh, one memstore OSD, loopback; started in ${rgw.startSeconds.toFixed(1)} s)`;
-    const credentials = { accessKeyId: rgw.env.AWS_ACCESS_KEY_ID!, secretAccessKey: rgw.env.AWS_SECRET_ACCESS_KEY! };
-    s3 = new S3Client({ endpoint: rgw.endpoint, region: rgw.env.AWS_REGION ?? 'us-east-1', forcePathStyle: true, credentials });
-    await s3.send(new CreateBucketCommand({ Bucket: BUCKET }));
-    const endpoint = rgw.endpoint;
+    const started = await startRgwBucket(path.join(work, 'rgw'), BUCKET);
+    rgw = started.rgw;
+    rgwVersion = started.version;
+    const { credentials } = started;
+    const endpoint = started.rgw.endpoint;
     const s3Store: StoreUnderTest = {
       label: 'radosgw',
       make: (variant) => openStore(`s3://${BUCKET}/gc-${variant}-${randomSuffix}`, { endpoint, credentials }),
@@ -706,7 +692,6 @@ if (RGW) {
     log(`  radosgw: ERROR ${(e as Error).stack ?? String(e)}`);
     errors.push({ step: 'radosgw', error: (e as Error).message });
   } finally {
-    s3?.destroy();
     await rgw?.stop();
   }
 }

@@ -690,6 +690,29 @@ export function cephAdminSocket(sock: string, command: Record<string, unknown>, 
 }
 
 /**
+ * startRgw plus what every bench then does: make `bucket`, and describe the server for the
+ * result header. The AWS SDK is imported here, not at the top, so benches without radosgw do
+ * not pay for loading it.
+ */
+export async function startRgwBucket(dir: string, bucket: string): Promise<{ rgw: RgwServer; version: string; credentials: { accessKeyId: string; secretAccessKey: string } }> {
+  const rgw = await startRgw(dir);
+  let version = (await runCommand(['radosgw', '--version']).catch(() => null))?.stdout.trim().split('\n')[0]?.replace(/\s*\([0-9a-f]{40}\)/, '') ?? 'radosgw';
+  version += ` (scripts/rgw.sh, one memstore OSD, loopback; started in ${rgw.startSeconds.toFixed(1)} s)`;
+  const credentials = { accessKeyId: rgw.env.AWS_ACCESS_KEY_ID!, secretAccessKey: rgw.env.AWS_SECRET_ACCESS_KEY! };
+  const { CreateBucketCommand, S3Client } = await import('@aws-sdk/client-s3');
+  const s3 = new S3Client({ endpoint: rgw.endpoint, region: rgw.env.AWS_REGION ?? 'us-east-1', forcePathStyle: true, credentials });
+  try {
+    await s3.send(new CreateBucketCommand({ Bucket: bucket }));
+  } catch (e) {
+    await rgw.stop();
+    throw e;
+  } finally {
+    s3.destroy();
+  }
+  return { rgw, version, credentials };
+}
+
+/**
  * A throwaway Ceph radosgw on loopback (`scripts/rgw.sh start DIR`; one memstore OSD, so what
  * is stored lives in RAM). Stopped by `stop()`, at exit, and by rgw.sh's own watchdog if this
  * process is SIGKILLed (RGW_WATCH_PID).

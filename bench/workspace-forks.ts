@@ -38,7 +38,6 @@ import * as fsp from 'node:fs/promises';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import { spawnSync } from 'node:child_process';
-import { CreateBucketCommand, S3Client } from '@aws-sdk/client-s3';
 import { formatSize } from '../src/size.js';
 import { listAll } from '../src/store/object-store.js';
 import { openStore } from '../src/store/open.js';
@@ -48,8 +47,8 @@ import { startBatonServer, type BatonServer, type Teardown } from '../test/helpe
 import { GIT, git, makeNpmProject, makeSourceRepo, npmEnv } from '../test/helpers/workspace.js';
 import { rngFrom } from '../test/helpers/writer.js';
 import {
-  BATON_BIN, MiB, REPO_ROOT, envFlag, envNumber, envSize, fmt, has, machineInfo, makeTempDir, markdownTable, onExitCleanup, runCommand, shellQuote, startRgw,
-  writeResults, type RgwServer,
+  BATON_BIN, MiB, REPO_ROOT, envFlag, envNumber, envSize, fmt, has, machineInfo, makeTempDir, markdownTable, onExitCleanup, runCommand, shellQuote, startRgwBucket,
+  writeResults,
 } from './lib.js';
 
 const SIZE = envSize('SIZE', '1G');
@@ -388,7 +387,7 @@ async function scenario(target: Target, fixtures: { src: string; app: string; wo
     await A.stop();
     const serverExit = A.proc.exitCode === 0 ? 'exit 0' : `exit ${A.proc.exitCode ?? A.proc.signalCode}`;
     t = performance.now();
-    const runs = await gcUntilQuiet(target.store);
+    const runs = await gcUntilQuiet(target.store, { env: target.env });
     const gcSeconds = since(t);
     commands.push({ step: `gc (${target.label}, repeated until quiet)`, argv: [process.execPath, BATON_BIN, 'gc', '--store', target.store, '--grace', '2s', '--json'] });
     const afterGc = await target.objectBytes();
@@ -562,23 +561,14 @@ async function main(): Promise<void> {
   ];
   if (RGW) {
     stores.push(async () => {
-      const rgw: RgwServer = await startRgw(path.join(root, 'rgw'));
-      rgwVersion = (await runCommand(['radosgw', '--version']).catch(() => null))?.stdout.trim().split('\n')[0]?.replace(/\s*\([0-9a-f]{40}\)/, '') ?? 'radosgw';
-      rgwVersion += ` (scripts/rgw.sh, one memstore OSD, loopback; started in ${rgw.startSeconds.toFixed(1)} s)`;
-      const credentials = { accessKeyId: rgw.env.AWS_ACCESS_KEY_ID!, secretAccessKey: rgw.env.AWS_SECRET_ACCESS_KEY! };
-      const s3 = new S3Client({ endpoint: rgw.endpoint, region: rgw.env.AWS_REGION ?? 'us-east-1', forcePathStyle: true, credentials });
-      await s3.send(new CreateBucketCommand({ Bucket: BUCKET }));
+      const { rgw, version, credentials } = await startRgwBucket(path.join(root, 'rgw'), BUCKET);
+      rgwVersion = version;
       const url = `s3://${BUCKET}/workspace`;
       const store = openStore(url, { endpoint: rgw.endpoint, credentials });
-      // gcUntilQuiet (test/helpers/gc.ts) runs `baton gc` with process.env: the endpoint and credentials go there while this store runs.
-      const saved = Object.fromEntries(Object.keys(rgw.env).map((k) => [k, process.env[k]]));
-      Object.assign(process.env, rgw.env);
       return {
         target: { label: 'radosgw', store: url, env: rgw.env, objectBytes: async () => (await listAll(store, 'vol/')).reduce((n, o) => n + o.size, 0) },
         done: async () => {
-          for (const [k, v] of Object.entries(saved)) { if (v === undefined) delete process.env[k]; else process.env[k] = v; }
           await store.close().catch(() => {});
-          s3.destroy();
           await rgw.stop();
         },
       };

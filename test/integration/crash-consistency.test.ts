@@ -22,7 +22,7 @@
  * Variants: file: store; Ceph RGW (skipped without radosgw); BATON_FAULTS at ~10% with
  * latency, alternating with harsh put faults (flushes succeed or fail with EIO; neither may
  * lie; BATON_CRASH_FAULTS_STORE=rgw runs it on RGW); a check that an EIO flush keeps the data
- * for a later flush; and a known failure (test.failing, see the BUG note at the end).
+ * for a later flush; and the reproduction of a fixed bug (see the BUG note at the end).
  *
  * Scale: BATON_CRASH_SCALE=N multiplies rounds and time budgets (default 1: about 50 s on
  * 2 idle cores, 70 s on a loaded machine, the tests running concurrently). Each variant runs
@@ -448,7 +448,8 @@ test('a flush that fails with EIO keeps the data: reads still see it, a later fl
 });
 
 /*
- * ENGINE/EXPORTS BUG (found by this file; src/exports.ts closeVolume, not fixed here):
+ * ENGINE/EXPORTS BUG (found by this file; fixed in src/exports.ts closeIdle, which now keeps
+ * the volume open while its flush fails):
  * when the last connection of a volume goes away WITHOUT a successful flush (it died without
  * DISC, or the flush on DISC failed) and the store keeps failing, the idle close
  * (--idle-grace) flushes, fails, logs "final flush failed; unflushed data is lost with this

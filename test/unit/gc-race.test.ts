@@ -74,6 +74,7 @@ import { BlockCache } from '../../src/cache.js';
 import { pino } from 'pino';
 import { TimeoutError, errorMessage } from '../../src/errors.js';
 import { MemoryObjectStore } from '../../src/store/memory.js';
+import { seededRandom } from '../../src/store/decorators.js';
 import type { ByteRange, ListOptions, ObjectHead, ObjectInfo, ObjectStore, PutOptions } from '../../src/store/object-store.js';
 import { StoreCatalog } from '../../src/volume/catalog.js';
 import type { VolumeRecord } from '../../src/volume/format.js';
@@ -105,15 +106,11 @@ async function nap(ctx: { stop: boolean }, ms: number): Promise<void> {
 // ------------------------------------------------------------------ seeded randomness
 
 class Rng {
-  private s: number;
-  constructor(seed: number) { this.s = seed >>> 0; }
-  u32(): number { // mulberry32
-    let t = (this.s = (this.s + 0x6d2b79f5) >>> 0);
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return (t ^ (t >>> 14)) >>> 0;
-  }
-  float(): number { return this.u32() / 2 ** 32; }
+  private readonly next: () => number;
+  constructor(seed: number) { this.next = seededRandom(seed); }
+  /** seededRandom returns u32 / 2^32: multiplying back is exact. */
+  u32(): number { return this.next() * 2 ** 32; }
+  float(): number { return this.next(); }
   /** Inclusive. */
   int(lo: number, hi: number): number { return lo + Math.floor(this.float() * (hi - lo + 1)); }
   chance(p: number): boolean { return this.float() < p; }
