@@ -65,6 +65,12 @@ export function defaultHostId(): string {
 
 export class VolumeExports implements ExportProvider {
   private readonly served = new Map<string, Served>();
+  /**
+   * Volumes on their way out (idle close: flush, checkpoint, lease release). A client that
+   * attaches meanwhile opens the volume again once that is done; acquiring at once would find
+   * the lease still held by this very host and refuse the client.
+   */
+  private readonly leaving = new Map<string, Promise<void>>();
   private closing = false;
   private disconnect: (name: string) => void = () => {};
 
@@ -94,7 +100,7 @@ export class VolumeExports implements ExportProvider {
     checkExportName(name);
     let s = this.served.get(name);
     if (!s) {
-      const opening = this.openServed(name);
+      const opening = (this.leaving.get(name) ?? Promise.resolve()).then(() => this.openServed(name));
       const fresh: Served = { name, refs: 0, opening, idleTimer: null, statusTimer: null, writable: null };
       s = fresh;
       this.served.set(name, fresh);
@@ -264,7 +270,9 @@ export class VolumeExports implements ExportProvider {
     }
     if (s.refs > 0 || this.served.get(s.name) !== s) return; // a client came back meanwhile
     this.served.delete(s.name);
-    await this.closeVolume(s);
+    const closing = this.closeVolume(s).finally(() => { if (this.leaving.get(s.name) === closing) this.leaving.delete(s.name); });
+    this.leaving.set(s.name, closing);
+    await closing;
   }
 
   private async closeVolume(s: Served): Promise<void> {

@@ -532,3 +532,29 @@ test('parseRedisUrl: every accepted form', (t) => {
   t.is(redact('redis+sentinel://:hunter2@a,b/m'), 'redis+sentinel://:***@a,b/m');
   t.false(parseRedisUrl('redis://:hunter2@h').display.includes('hunter2'));
 });
+
+test('exports: a client attaching while the volume is being closed for idleness waits for the close, then gets it', async (t) => {
+  const { VolumeExports } = await import('../../src/exports.js');
+  const { StoreCatalog } = await import('../../src/volume/catalog.js');
+  const { BlockCache } = await import('../../src/cache.js');
+  const { FaultyObjectStore } = await import('../../src/store/decorators.js');
+  const { MemoryObjectStore } = await import('../../src/store/memory.js');
+  const { silentLogger } = await import('../../src/log.js');
+  const dir = await tempDir(t, 'baton-lease-');
+  const leases = new LocalLeaseManager(dir, { ttlMs: 3000 });
+  t.teardown(() => leases.close());
+  // Every request takes 300 ms: the idle close flushes (10-310 ms), then writes a checkpoint
+  // (310-610 ms) and only then releases the lease.
+  const store = new FaultyObjectStore(new MemoryObjectStore(), { latencyMs: 300 });
+  const catalog = new StoreCatalog({ store, log: silentLogger(), cache: () => BlockCache.open({ capacityBytes: 16 * 1024 * 1024 }) });
+  await catalog.create('v', 16 * 1024 * 1024);
+  const exports = new VolumeExports(catalog, { readOnly: false, idleGraceMs: 10, log: silentLogger(), lease: { manager: leases, hostId: 'h', onHeld: 'refuse', waitMs: 0 } });
+  t.teardown(() => exports.close());
+  const first = await exports.open('v');
+  await first.backend.write(0, Buffer.alloc(4096, 7), false);
+  first.release(); // idle close starts after 10 ms and takes several slow puts
+  await new Promise((r) => setTimeout(r, 450)); // closing: no longer served, lease still held
+  const second = await exports.open('v');
+  t.true((await second.backend.read(0, 4096)).equals(Buffer.alloc(4096, 7)), 'the write made before the close is there');
+  second.release();
+});
