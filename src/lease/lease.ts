@@ -67,5 +67,11 @@ export interface LeaseManager {
   list(): Promise<LeaseRecord[]>;
   /** Ask the holder of `volume` to hand it to `to`; resolves once the request is recorded. */
   requestHandoff(volume: string, to: string): Promise<void>;
+  /**
+   * Break the lease, whoever holds it (`rm --force`): the holder's next renewal finds it gone
+   * and the holder fences the volume and disconnects its clients. The token counter is kept,
+   * so later tokens still only grow. Resolves true if a lease was held.
+   */
+  revoke(volume: string): Promise<boolean>;
   close(): Promise<void>;
 }

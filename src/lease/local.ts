@@ -238,6 +238,15 @@ export class LocalLeaseManager implements LeaseManager {
     });
   }
 
+  async revoke(volume: string): Promise<boolean> {
+    return this.#withLock(volume, async () => {
+      const f = await this._read(volume);
+      const file = this.#leasePath(volume);
+      await fsp.unlink(file).catch((err: NodeJS.ErrnoException) => { if (err.code !== 'ENOENT') throw ioError(`cannot remove ${file}`, err); });
+      return !!f && f.holder !== '';
+    });
+  }
+
   async close(): Promise<void> {
     if (this.#closed) return;
     this.#closed = true;

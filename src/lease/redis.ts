@@ -602,6 +602,12 @@ export class RedisLeaseManager implements LeaseManager {
     if (code === 2) throw alreadyHolderError(volume, to);
   }
 
+  async revoke(volume: string): Promise<boolean> {
+    const held = await this.inspect(volume);
+    await this._run(() => this.client.del(leaseKey(volume)));
+    return !!held && held.holder !== '';
+  }
+
   async close(): Promise<void> {
     if (this.#closed) return;
     this.#closed = true;

@@ -759,7 +759,19 @@ export class Volume implements BlockBackend {
     this.fencedError = new FencedError(`${reason}; this host no longer writes it (reattach to serve it again)`);
     this.log.error({ reason }, 'volume fenced: refusing further writes');
     this.wakeWriters();
+    for (const cb of this.fencedListeners.splice(0)) cb(this.fencedError);
   }
+
+  private readonly fencedListeners: ((err: FencedError) => void)[] = [];
+
+  /** Called once when the volume fences itself (a terminal state: it never writes again). */
+  onFenced(cb: (err: FencedError) => void): void {
+    if (this.fencedError) queueMicrotask(() => cb(this.fencedError!));
+    else this.fencedListeners.push(cb);
+  }
+
+  /** The volume's identity in the store (a new volume of the same name has another). */
+  get volumeId(): string { return this.id; }
 
   private draining = false;
 
