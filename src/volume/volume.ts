@@ -401,20 +401,25 @@ export class Volume implements BlockBackend {
 
   // ------------------------------------------------------------------ reads
 
-  /** Resolve [offset, offset+length) to the newest source of each piece. Synchronous: a consistent snapshot. */
-  private resolve(offset: number, length: number, visit: (p: Piece<Dirty | Loc>) => void): void {
+  /**
+   * Resolve [offset, offset+length) to the newest source of each piece, in volume order.
+   * Synchronous: a consistent snapshot. `visit` may return false to stop early (work
+   * bounded by what the caller needs, e.g. a BLOCK_STATUS reply).
+   */
+  private resolve(offset: number, length: number, visit: (p: Piece<Dirty | Loc>) => boolean | void): void {
     // Every byte of the range is visited exactly once (gaps too), newest source first.
     const layers: ExtentMap<Dirty>[] = [this.dirty];
     for (let i = this.sealed.length - 1; i >= 0; i--) layers.push(this.sealed[i]!.map);
-    const walk = (layer: number, off: number, len: number): void => {
+    const walk = (layer: number, off: number, len: number): boolean => {
       if (layer === layers.length) {
-        for (const p of this.committed.lookup(off, len)) visit(p);
-        return;
+        for (const p of this.committed.lookup(off, len)) if (visit(p) === false) return false;
+        return true;
       }
       for (const p of layers[layer]!.lookup(off, len)) {
-        if (p.value !== undefined) visit(p);
-        else walk(layer + 1, p.offset, p.length);
+        if (p.value !== undefined) { if (visit(p) === false) return false; }
+        else if (!walk(layer + 1, p.offset, p.length)) return false;
       }
+      return true;
     };
     walk(0, offset, length);
   }
