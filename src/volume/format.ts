@@ -87,16 +87,58 @@ export function decodeVolumeRecord(b: Buffer, key: string): VolumeRecord {
 export type RecordExtent = [number, number, number, number];
 
 export interface LogHeader {
-  v: 1;
+  /** 1: before records were chained (no id/prev); 2: chained. Both are read. */
+  v: 1 | 2;
   kind: 'commit' | 'takeover';
   seq: number;
   volumeId: string;
-  /** Fencing token of the writer (0 when no lease is configured). */
+  /** Fencing token of the writer (see recordCounts). */
   token: number;
   time: string;
   segments: { key: string; size: number }[];
   extents: RecordExtent[];
   inlineLength: number;
+  /**
+   * This record's identity: random, written once. A writer whose create-only put of this
+   * position failed without an answer, or found the position taken, reads the record there
+   * and compares ids: the same id means its own put landed (v2; absent in v1 records).
+   */
+  id?: string;
+  /**
+   * The id of the record at seq - 1 that this writer had applied ('' for a volume's first
+   * record). Recovery accepts a record only if it follows the one before it: a record that
+   * a stale writer re-created at a position garbage collection freed names the record it
+   * saw there, not the one its successor names, so it can never be spliced into the log
+   * (see "The log is a chain" in volume.ts).
+   */
+  prev?: string;
+}
+
+/**
+ * The token rule, in one place: does a log record count?
+ * `fence` is the highest token of a takeover record before this one (or the checkpoint's).
+ * - A takeover record always counts; it raises the fence to its token.
+ * - A commit counts iff its token is at least the fence: a commit below it comes from a
+ *   writer that a later takeover fenced (by construction it cannot land, see
+ *   Volume.takeover; this is the second line of defence).
+ * Writers without a lease commit with the fence they recovered (they fence nobody, and
+ * their acknowledged records must count).
+ */
+export function recordCounts(h: Pick<LogHeader, 'kind' | 'token'>, fence: number): boolean {
+  return h.kind === 'takeover' || h.token >= fence;
+}
+
+/** The fence after a record that counted. */
+export function fenceAfter(h: Pick<LogHeader, 'kind' | 'token'>, fence: number): number {
+  return h.kind === 'takeover' ? Math.max(fence, h.token) : fence;
+}
+
+/**
+ * The chain rule: may record `h` follow the record whose id is `lastId`? Unknown ids (v1
+ * records and checkpoints, written before the chain existed) are accepted.
+ */
+export function followsChain(h: Pick<LogHeader, 'prev'>, lastId: string | undefined): boolean {
+  return h.prev === undefined || lastId === undefined || h.prev === lastId;
 }
 
 export function encodeLogRecord(h: LogHeader, inline: Buffer[]): { body: Buffer; dataStart: number } {
@@ -123,17 +165,21 @@ export function decodeLogHeader(b: Buffer, key: string): { header: LogHeader; da
   if (b.length < 12 + len) throw new CorruptError(`${key}: truncated log header`);
   let h: LogHeader;
   try { h = JSON.parse(b.subarray(12, 12 + len).toString('utf8')) as LogHeader; } catch { throw new CorruptError(`${key}: log header is not JSON`); }
-  if (h.v !== 1 || !Array.isArray(h.extents) || !Array.isArray(h.segments)) throw new CorruptError(`${key}: unsupported log record version`);
+  if ((h.v !== 1 && h.v !== 2) || !Array.isArray(h.extents) || !Array.isArray(h.segments)) throw new CorruptError(`${key}: unsupported log record version`);
+  if (h.v === 2 && (typeof h.id !== 'string' || typeof h.prev !== 'string')) throw new CorruptError(`${key}: v2 log record without id/prev`);
   return { header: h, dataStart: 12 + len };
 }
 
 export interface Checkpoint {
-  v: 1;
+  /** 1: no lastId; 2: with lastId. */
+  v: 1 | 2;
   volumeId: string;
   /** Last log record included. */
   seq: number;
   /** Highest fencing token seen in the log up to `seq`. */
   token: number;
+  /** The id of log record `seq` (v2): the next record must name it as `prev`. */
+  lastId?: string;
   time: string;
   objects: [string, number][];
   /** [offset, length, objectIndex | SRC_HOLE | SRC_ZERO, objectOffset] */
@@ -143,7 +189,7 @@ export interface Checkpoint {
 export function decodeCheckpoint(b: Buffer, key: string): Checkpoint {
   let c: Checkpoint;
   try { c = JSON.parse(b.toString('utf8')) as Checkpoint; } catch { throw new CorruptError(`${key}: checkpoint is not JSON`); }
-  if (c.v !== 1 || !Array.isArray(c.extents) || !Array.isArray(c.objects)) throw new CorruptError(`${key}: unsupported checkpoint version`);
+  if ((c.v !== 1 && c.v !== 2) || !Array.isArray(c.extents) || !Array.isArray(c.objects)) throw new CorruptError(`${key}: unsupported checkpoint version`);
   return c;
 }
 
@@ -163,4 +209,31 @@ export function maxOperationMs(): number {
     if (Number.isSafeInteger(n) && n > 0) return n;
   }
   return 60_000;
+}
+
+/**
+ * Every time bound garbage collection's safety argument (src/volume/gc.ts) relies on, in
+ * one place, derived from M = maxOperationMs:
+ * - a fork or snapshot lands its record within `forkBudgetMs` of reading its fork point
+ *   (slower ones are undone and made again: catalog.ts);
+ * - a read-only view of a live volume never reads through a map older than
+ *   `viewMaxAgeMs` (it refreshes first: volume.ts);
+ * - a GC run lists the records again `fixedPointWaitMs` after its last map load, until no
+ *   new record appears (gc.ts);
+ * - the grace period between a mark and the delete is at least `minGraceMs`.
+ * The argument needs forkBudget + fixedPointWait <= grace and viewMaxAge < grace; asserted here.
+ */
+export interface TimeBounds {
+  maxOperationMs: number;
+  forkBudgetMs: number;
+  viewMaxAgeMs: number;
+  fixedPointWaitMs: number;
+  minGraceMs: number;
+}
+
+export function timeBounds(m: number = maxOperationMs()): TimeBounds {
+  if (!(Number.isFinite(m) && m > 0)) throw new RangeError(`maxOperationMs must be a positive number of ms, not ${m}`);
+  const b: TimeBounds = { maxOperationMs: m, forkBudgetMs: m / 2, viewMaxAgeMs: m / 2, fixedPointWaitMs: m / 2, minGraceMs: 2 * m };
+  if (!(b.forkBudgetMs + b.fixedPointWaitMs <= b.minGraceMs && b.viewMaxAgeMs < b.minGraceMs)) throw new Error('GC time bounds are inconsistent');
+  return b;
 }

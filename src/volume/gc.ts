@@ -9,9 +9,11 @@
  * - every object recovery read: the newest checkpoint, the log records after it, and for a
  *   fork without its own checkpoint the ancestor's checkpoint and records up to the fork point;
  * plus, for every volume id reachable from a record through `parent` links, its `meta` (`rm`
- * walks those links to find descendants), the newest log record of every id (the top log
- * position is never freed for reuse), and every segment uploaded for a log position after
- * the newest one (a commit in flight: its record is not written yet).
+ * walks those links to find descendants); and for the id of every existing volume (the ids
+ * someone may write), its newest log record (the top position of a writable log is never
+ * freed for reuse: see "The log is a chain" in volume.ts) and every segment uploaded for a
+ * position after it (a commit in flight: its record is not written yet). A removed volume's
+ * id keeps only what its descendants' recoveries read: nobody writes or recovers it again.
  * `volumes/` records are never touched.
  *
  * ## Two phases and a grace period G
@@ -37,9 +39,12 @@
  *    store before it loads the maps: a segment whose record was in that listing is in the
  *    maps if still used, and a segment for a position after the listing's newest record
  *    is kept, however long the upload takes. If that position is taken by another writer instead, the segments'
- *    writer is fenced and never names them. (A writer fenced long enough for GC to delete
- *    old log records could re-create one of those positions, but its lease ran out before
- *    then, and a writer past its lease deadline acknowledges nothing: volume.ts.)
+ *    writer is fenced and never names them. A stale writer (paused past its lease) may
+ *    re-create a log position GC freed, with a create-only put that succeeds: deleting a
+ *    record frees its position. Its record is never part of any map: positions GC frees
+ *    lie at or below a checkpoint, which recovery starts from; checkpoints are create-only;
+ *    and every replay checks that each record names its predecessor, which the stale one
+ *    does not (volume.ts, "The log is a chain"). So it is garbage like any other object.
  * 4. A reader on another host with an older map: read-only views of live volumes refresh
  *    their map when it is older than M/2 before reading (volume.ts), so every map read
  *    through after S2 was loaded after S2 - M/2 > W1, when no map named X any more. (Reads
@@ -51,9 +56,10 @@
  *    nothing deleted; if a record it meant to replay is gone, recovery fails with a clear
  *    error instead of guessing (the log must be contiguous) and the next attempt starts
  *    from the newest checkpoint.
- * So G >= 2M suffices; G is checked against this process's M, and every host must run with
- * the same M (BATON_MAX_OPERATION_MS, default 60 s). Any error while computing R aborts the
- * run before anything is deleted.
+ * So G >= 2M suffices (the bounds are in one place, format.ts timeBounds, which asserts that
+ * they fit); G is checked against this process's M, and every host must run with the same M
+ * (BATON_MAX_OPERATION_MS, default 60 s). Any error while computing R aborts the run before
+ * anything is deleted.
  *
  * Concurrent runs (two hosts) are safe: each deletion is justified by one old mark and one
  * fresh computation, whoever wrote the mark.
@@ -66,7 +72,7 @@ import { InvalidArgumentError, NotFoundError, errorMessage } from '../errors.js'
 import type { Logger } from '../log.js';
 import { listAll, type ByteRange, type ListOptions, type ObjectHead, type ObjectInfo, type ObjectStore} from '../store/object-store.js';
 import type { StoreCatalog } from './catalog.js';
-import { decodeVolumeRecord, keys, maxOperationMs, segmentSeq, seqFromKey, type VolumeRecord } from './format.js';
+import { decodeVolumeRecord, keys, maxOperationMs, segmentSeq, seqFromKey, timeBounds, type VolumeRecord } from './format.js';
 import { mapLimit } from './volume.js';
 
 export const DEFAULT_GC_GRACE_MS = 60 * 60 * 1000;
@@ -132,7 +138,9 @@ async function storeNow(store: ObjectStore): Promise<number> {
  * GC lists the records again M/2 after its last load and computes any new ones, until a
  * listing brings nothing new (a fixed point).
  */
-async function referenceSet(catalog: StoreCatalog, maxOpMs: number, log: Logger | undefined): Promise<{ refs: Set<string>; records: number }> {
+async function referenceSet(catalog: StoreCatalog, maxOpMs: number, log: Logger | undefined): Promise<{ refs: Set<string>; records: number; writableIds: Set<string> }> {
+  const bounds = timeBounds(maxOpMs);
+  const writableIds = new Set<string>();
   const store = catalog.store;
   const refs = new Set<string>();
   const metas = new Map<string, VolumeRecord | null>();
@@ -162,6 +170,7 @@ async function referenceSet(catalog: StoreCatalog, maxOpMs: number, log: Logger 
     await view.close();
     // Its id and every ancestor's: their meta records explain the ancestry to rm and to forks.
     refs.add(keys.meta(rec.id));
+    if (!rec.snapshot) writableIds.add(rec.id);
     let p = rec.parent?.id;
     for (let depth = 0; p && depth < 10_000; depth++) {
       refs.add(keys.meta(p));
@@ -171,8 +180,8 @@ async function referenceSet(catalog: StoreCatalog, maxOpMs: number, log: Logger 
   };
   for (let round = 0; ; round++) {
     if (round > 0) {
-      log?.info({ waitMs: Math.round(maxOpMs / 2) }, 'gc: waiting for forks and snapshots in creation');
-      await new Promise((r) => setTimeout(r, maxOpMs / 2));
+      log?.info({ waitMs: Math.round(bounds.fixedPointWaitMs) }, 'gc: waiting for forks and snapshots in creation');
+      await new Promise((r) => setTimeout(r, bounds.fixedPointWaitMs));
     }
     const fresh = (await catalog.allRecords()).filter((r) => !computed.has(r.id));
     if (fresh.length === 0 && round > 0) break;
@@ -180,7 +189,7 @@ async function referenceSet(catalog: StoreCatalog, maxOpMs: number, log: Logger 
     for (const r of fresh) computed.add(r.id);
     await mapLimit(fresh, 4, addRecord);
   }
-  return { refs, records: computed.size };
+  return { refs, records: computed.size, writableIds };
 }
 
 function idOf(key: string): string | null {
@@ -193,7 +202,7 @@ export async function collectGarbage(catalog: StoreCatalog, opts: GcOptions = {}
   const log = opts.log;
   const graceMs = opts.graceMs ?? DEFAULT_GC_GRACE_MS;
   const m = opts.maxOperationMs ?? maxOperationMs();
-  if (!(graceMs >= 2 * m)) {
+  if (!(graceMs >= timeBounds(m).minGraceMs)) {
     throw new InvalidArgumentError(`the GC grace period (${graceMs} ms) must be at least twice the longest operation (${m} ms, BATON_MAX_OPERATION_MS): a shorter one could delete data a fork in creation or a reader on another host still needs`);
   }
   const dryRun = opts.dryRun ?? false;
@@ -204,19 +213,21 @@ export async function collectGarbage(catalog: StoreCatalog, opts: GcOptions = {}
   // then in the maps, and what lands after it is not in the listing, so not a candidate.
   const objects = await listAll(store, 'vol/');
   const t0 = performance.now();
-  const { refs, records } = await referenceSet(catalog, m, log);
+  const { refs, records, writableIds } = await referenceSet(catalog, m, log);
   log?.info({ records, referenced: refs.size, ms: Math.round(performance.now() - t0) }, 'gc: reference set computed');
 
   const newestLog = new Map<string, string>();
   for (const o of objects) {
     const id = idOf(o.key);
-    if (id && o.key.startsWith(keys.logPrefix(id))) newestLog.set(id, o.key); // listed in order: the last one wins
+    if (id && writableIds.has(id) && o.key.startsWith(keys.logPrefix(id))) newestLog.set(id, o.key); // listed in order: the last one wins
   }
   for (const k of newestLog.values()) refs.add(k);
   for (const o of objects) {
+    const id = idOf(o.key);
     const seq = segmentSeq(o.key);
-    const top = newestLog.get(idOf(o.key) ?? '');
-    if (seq !== null && seq > (top ? seqFromKey(top) : 0)) refs.add(o.key);
+    if (seq === null || id === null || !writableIds.has(id)) continue;
+    const top = newestLog.get(id);
+    if (seq > (top ? seqFromKey(top) : 0)) refs.add(o.key);
   }
 
   const result: GcResult = {

@@ -24,6 +24,7 @@
  *   the takeover protocol that relies on this.
  */
 
+import { strict as assert } from 'node:assert';
 import { randomBytes } from 'node:crypto';
 import type { BlockBackend, Extent, ZeroOptions } from '../../nbd/backend.js';
 import { NBD_STATE_HOLE, NBD_STATE_ZERO } from '../../nbd/constants.js';
@@ -31,9 +32,11 @@ import { ExtentMap, type Piece } from '../../cow/extent-map.js';
 import type { BlockCache } from '../cache.js';
 import { BatonError, CorruptError, FencedError, LeaseLostError, NotFoundError, PreconditionFailedError, ReadOnlyError, ShutdownError, errorMessage } from '../errors.js';
 import type { Logger } from '../log.js';
+import { PUT_ID_META } from '../store/decorators.js';
 import { listAll, type ObjectStore } from '../store/object-store.js';
 import {
-  SRC_HOLE, SRC_INLINE, SRC_ZERO, decodeCheckpoint, decodeLogHeader, decodeVolumeRecord, keys, logHeaderLength, maxOperationMs, seqFromKey, encodeLogRecord,
+  SRC_HOLE, SRC_INLINE, SRC_ZERO, decodeCheckpoint, decodeLogHeader, decodeVolumeRecord, encodeLogRecord, fenceAfter, followsChain, keys,
+  logHeaderLength, maxOperationMs, recordCounts, seqFromKey, timeBounds,
   type Checkpoint, type LogHeader, type RecordExtent, type VolumeRecord,
 } from './format.js';
 
@@ -44,23 +47,53 @@ export class StaleTokenError extends BatonError {
 
 // ------------------------------------------------------------------ map values
 
-/** Where committed bytes live: object `key` at `off`, or zeroes. */
-export type Loc = { key: string; off: number } | ZeroLoc;
+/**
+ * Where committed bytes live: object `key` (of `size` bytes) at `off`, or zeroes. The size
+ * travels with the map entry, so the volume keeps no table of objects: its memory follows
+ * its live map, not its history.
+ */
+export type Loc = { key: string; off: number; size: number } | ZeroLoc;
 export interface ZeroLoc { zero: true; hole: boolean }
 const HOLE: ZeroLoc = { zero: true, hole: true };
 const ZERO: ZeroLoc = { zero: true, hole: false };
 
 function isZero(v: Loc | Dirty): v is ZeroLoc { return (v as ZeroLoc).zero === true; }
 
-const sliceLoc = (v: Loc, d: number): Loc => (isZero(v) ? v : { key: v.key, off: v.off + d });
+const sliceLoc = (v: Loc, d: number): Loc => (isZero(v) ? v : { key: v.key, off: v.off + d, size: v.size });
 
 /** A buffered write: bytes in memory, or zeroes. */
 type Dirty = { buf: Buffer } | ZeroLoc;
 const sliceDirty = (v: Dirty, d: number): Dirty => (isZero(v) ? v : { buf: v.buf.subarray(d) });
 
+/** Buffered writes no longer open for new writes: being committed, or left by a failed commit. */
 interface Sealed {
   map: ExtentMap<Dirty>;
   bytes: number;
+}
+
+/**
+ * One attempt to commit the oldest sealed layer at log position `seq`, as explicit steps:
+ * pack (synchronous: the layer becomes segments + a log record), upload (segments), publish
+ * (the create-only put of the record: the commit point). Its outcome is one of
+ * - landed: the put succeeded, or the record at `seq` carries this attempt's id;
+ * - taken: the record at `seq` has another id: another writer committed there (fenced);
+ * - ambiguous: the put failed without an answer. The attempt is kept whole (same bytes,
+ *   same id) and published again before anything else is committed, so a retry is always
+ *   recognisable as the same commit: re-putting it either lands, or finds the position
+ *   holding its own id (landed) or another's (fenced). A new body is never put at a
+ *   position an earlier attempt may have taken.
+ */
+interface CommitAttempt {
+  seq: number;
+  /** The record's id (also its put-id metadata). */
+  id: string;
+  header: LogHeader;
+  body: Buffer;
+  dataStart: number;
+  segments: { key: string; size: number; body?: Buffer; parts: Buffer[] }[];
+  /** The sealed layer it commits: always this.sealed[0] while the attempt lives. */
+  layer: Sealed;
+  state: 'packed' | 'uploaded' | 'ambiguous';
 }
 
 export interface VolumeOptions {
@@ -122,7 +155,6 @@ export class Volume implements BlockBackend {
   private token: number;
 
   private committed = new ExtentMap<Loc>(sliceLoc);
-  private readonly objectSizes = new Map<string, number>();
   private dirty = new ExtentMap<Dirty>(sliceDirty);
   private dirtyBytes = 0;
   private readonly sealed: Sealed[] = [];
@@ -135,8 +167,13 @@ export class Volume implements BlockBackend {
   private checkpointing: Promise<void> | null = null;
   private commitRunning: Promise<void> | null = null;
   private nextCommit: Deferred | null = null;
-  /** The last commit attempt whose outcome is unknown (its put failed without an answer). */
-  private ambiguous: { seq: number; putId: string; batchLength: number; apply: () => void } | null = null;
+  /** The commit attempt whose put failed without an answer; published again before anything else. */
+  private ambiguous: CommitAttempt | null = null;
+  /**
+   * The id of the log record at nextSeq - 1 as this volume applied it ('' before a volume's
+   * first record; undefined when unknown: v1 records and checkpoints). See "The log is a chain".
+   */
+  private lastRecordId: string | undefined = '';
   private fencedError: FencedError | null = null;
   private closed = false;
   private readonly writeWaiters: (() => void)[] = [];
@@ -150,7 +187,8 @@ export class Volume implements BlockBackend {
   private readonly hardLimit: number;
   private readonly checkpointEvery: number;
   private readonly uploadConcurrency: number;
-  private readonly maxOpMs: number;
+  /** GC's time bounds (format.ts timeBounds): a view never reads through a map older than viewMaxAgeMs. */
+  private readonly viewMaxAgeMs: number;
   /** When the committed map was last brought up to date with the log (read-only views of live volumes). */
   private mapLoadedAt = 0;
   private refreshing: Promise<void> | null = null;
@@ -168,7 +206,7 @@ export class Volume implements BlockBackend {
     this.hardLimit = Math.max(opts.dirtyHardLimit ?? 256 * 1024 * 1024, this.softLimit + 32 * 1024 * 1024);
     this.checkpointEvery = opts.checkpointEvery ?? 64;
     this.uploadConcurrency = opts.uploadConcurrency ?? 16;
-    this.maxOpMs = opts.maxOperationMs ?? maxOperationMs();
+    this.viewMaxAgeMs = timeBounds(opts.maxOperationMs ?? maxOperationMs()).viewMaxAgeMs;
   }
 
   get name(): string { return this.record.name; }
@@ -177,54 +215,112 @@ export class Volume implements BlockBackend {
   static async open(record: VolumeRecord, opts: VolumeOptions): Promise<Volume> {
     const v = new Volume(record, opts);
     await v.recover();
+    // A writer without a lease commits under the fence it recovered: it fences nobody, and
+    // its acknowledged records must count at the next recovery (token 0 would be ignored
+    // below an earlier lease holder's takeover). A lease holder's takeover() replaces it.
+    if (opts.token === undefined) v.token = v.highestTokenSeen;
     return v;
   }
 
+  /**
+   * ## The log is a chain
+   * Every record (v2) carries a random id and the id of the record before it as its writer
+   * applied it (`prev`). Recovery and every replay accept a record only if it follows the
+   * one before it (format.ts followsChain), and a checkpoint only if the first record after
+   * it names the checkpoint's last record. Why this is needed: garbage collection deletes
+   * log records a checkpoint covers, which frees their positions. A stale writer (paused
+   * after its last deadline check, its put stretched by retries) may then re-create such a
+   * position with a create-only put that succeeds. Its record names as `prev` the record it
+   * had applied, while the true successor of that position names the record the live
+   * writers saw there; so the stale record never joins a chain: a replay from before it
+   * (a read-only view catching up) breaks at the successor and reloads from the newest
+   * checkpoint, and recovery from the newest checkpoint never reads positions at or below
+   * it. The top position is never freed (GC keeps every live id's newest record), so a
+   * stale record always has a successor. Checkpoints are written create-only, so a stale
+   * writer cannot replace one either; and a freed position is at or below a checkpoint that
+   * stays the newest or is superseded by a newer one, so a stale checkpoint is never the
+   * newest (and the chain rejects it if an older one is ever tried).
+   */
   private async recover(): Promise<void> {
     const t0 = Date.now();
     this.mapLoadedAt = performance.now();
-    const fromSeq = await this.loadLatestCheckpoint(this.id, Infinity, true);
-    let base = 'checkpoint';
-    if (fromSeq === 0 && this.record.parent) {
+    let base = 'empty';
+    let fromSeq = 0;
+    // Newest checkpoint first. Only a definitely unusable one (corrupt, gone, or not followed
+    // by the log) sends us to an older one; any other error (the store unreachable) fails
+    // the open: falling back on a transient error ends in a misleading "record missing".
+    const cps = (await listAll(this.store, keys.checkpointPrefix(this.id))).reverse();
+    for (const cp of cps) {
+      const c = await this.readCheckpoint(cp.key);
+      if (!c) continue;
+      this.resetTo(c);
+      try {
+        const replayed = await this.replayLog();
+        this.lastCheckpointSeq = c.seq;
+        this.log.info({ seq: this.nextSeq - 1, checkpoint: c.seq, replayed, extents: this.committed.size, ms: Date.now() - t0 }, 'volume recovered');
+        return;
+      } catch (err) {
+        if (!(err instanceof ChainBrokenError) || err.seq !== c.seq + 1) throw err;
+        this.log.error({ key: cp.key, err: errorMessage(err) }, 'checkpoint is not followed by the log (a stale writer\'s?); trying an older one');
+      }
+    }
+    this.committed = new ExtentMap<Loc>(sliceLoc);
+    this.highestTokenSeen = 0;
+    this.lastRecordId = '';
+    if (this.record.parent) {
       // A fork that has not written its own checkpoint yet: start from the parent's state.
-      await this.loadAncestor(this.record.parent.id, this.record.parent.seq, 1);
+      this.committed = await this.ancestorMap(this.record.parent.id, this.record.parent.seq, 1);
       base = `parent ${this.record.parent.id}@${this.record.parent.seq}`;
     }
     this.lastCheckpointSeq = fromSeq;
     this.nextSeq = fromSeq + 1;
     const replayed = await this.replayLog();
-    this.log.info({ seq: this.nextSeq - 1, checkpoint: fromSeq, base, replayed, extents: this.committed.size, ms: Date.now() - t0 }, 'volume recovered');
+    this.log.info({ seq: this.nextSeq - 1, checkpoint: 0, base, replayed, extents: this.committed.size, ms: Date.now() - t0 }, 'volume recovered');
+  }
+
+  /** A checkpoint, or null if it is corrupt or gone (then an older one may be tried). */
+  private async readCheckpoint(key: string): Promise<Checkpoint | null> {
+    try {
+      return decodeCheckpoint(await this.store.get(key), key);
+    } catch (err) {
+      if (!(err instanceof CorruptError) && !(err instanceof NotFoundError)) throw err;
+      this.log.warn({ key, err: errorMessage(err) }, 'skipping unreadable checkpoint');
+      return null;
+    }
+  }
+
+  /** Start from checkpoint `c` of this volume. */
+  private resetTo(c: Checkpoint): void {
+    this.committed = mapOfCheckpoint(c);
+    this.highestTokenSeen = c.token;
+    this.lastRecordId = c.lastId;
+    this.nextSeq = c.seq + 1;
   }
 
   /**
-   * Load the newest readable checkpoint of volume `id` at or below `maxSeq` into the map.
-   * Returns its seq, or 0 if there is none.
+   * The map of ancestor `id` as of its log record `seq`: its newest usable checkpoint at or
+   * below `seq` (or its own parent's state) plus its log up to `seq`, under the same token
+   * and chain rules as our own log, starting from the ancestor checkpoint's fence.
    */
-  private async loadLatestCheckpoint(id: string, maxSeq: number, own: boolean): Promise<number> {
-    const cps = (await listAll(this.store, keys.checkpointPrefix(id))).filter((o) => seqFromKey(o.key) <= maxSeq);
-    // Newest first; a checkpoint that fails to load is skipped, not trusted.
-    for (const cp of cps.reverse()) {
+  private async ancestorMap(id: string, seq: number, depth: number): Promise<ExtentMap<Loc>> {
+    if (depth > 10_000) throw new CorruptError(`volume ${this.name}: ancestry deeper than 10000 (a cycle?)`);
+    const cps = (await listAll(this.store, keys.checkpointPrefix(id))).filter((o) => seqFromKey(o.key) <= seq).reverse();
+    for (const cp of cps) {
+      const c = await this.readCheckpoint(cp.key);
+      if (!c) continue;
+      const map = mapOfCheckpoint(c);
       try {
-        const c = decodeCheckpoint(await this.store.get(cp.key), cp.key);
-        this.loadCheckpoint(c);
-        if (own) this.highestTokenSeen = c.token;
-        return c.seq;
+        await this.replayInto(map, id, c.seq, seq, { fence: c.token, lastId: c.lastId });
+        return map;
       } catch (err) {
-        this.log.warn({ key: cp.key, err: errorMessage(err) }, 'skipping unreadable checkpoint');
+        if (!(err instanceof ChainBrokenError) || err.seq !== c.seq + 1) throw err;
+        this.log.error({ key: cp.key, err: errorMessage(err) }, 'ancestor checkpoint is not followed by its log; trying an older one');
       }
     }
-    return 0;
-  }
-
-  /** The map of ancestor `id` as of its log record `seq`: its checkpoint (or its own parent) plus its log. */
-  private async loadAncestor(id: string, seq: number, depth: number): Promise<void> {
-    if (depth > 10_000) throw new CorruptError(`volume ${this.name}: ancestry deeper than 10000 (a cycle?)`);
-    const from = await this.loadLatestCheckpoint(id, seq, false);
-    if (from === 0) {
-      const meta = await this.readMeta(id);
-      if (meta.parent) await this.loadAncestor(meta.parent.id, meta.parent.seq, depth + 1);
-    }
-    if (seq > from) await this.replayRange(id, from, seq);
+    const meta = await this.readMeta(id);
+    const map = meta.parent ? await this.ancestorMap(meta.parent.id, meta.parent.seq, depth + 1) : new ExtentMap<Loc>(sliceLoc);
+    await this.replayInto(map, id, 0, seq, { fence: 0, lastId: '' });
+    return map;
   }
 
   private async readMeta(id: string): Promise<VolumeRecord> {
@@ -237,52 +333,54 @@ export class Volume implements BlockBackend {
     }
   }
 
-  /** Apply an ancestor's log records (after, upTo] to the map (data only: tokens are the ancestor's business). */
-  private async replayRange(id: string, after: number, upTo: number): Promise<void> {
-    const logs = (await listAll(this.store, keys.logPrefix(id), after > 0 ? { startAfter: keys.log(id, after) } : {}))
-      .filter((o) => seqFromKey(o.key) <= upTo);
-    if (logs.length !== upTo - after) throw new CorruptError(`volume ${this.name}: ancestor ${id} is missing log records in (${after}, ${upTo}]`);
+  /**
+   * Read the records of volume `id` after position `after` (up to `upTo`), check them, then
+   * apply the ones that count to `map`. Nothing is applied unless every record checked:
+   * contiguous positions, headers that say where they are, and an unbroken chain. Returns
+   * the state after the last record.
+   */
+  private async replayInto(map: ExtentMap<Loc>, id: string, after: number, upTo: number, state: { fence: number; lastId: string | undefined }):
+    Promise<{ seq: number; fence: number; lastId: string | undefined; records: number }> {
+    const listed = await listAll(this.store, keys.logPrefix(id), after > 0 ? { startAfter: keys.log(id, after) } : {});
+    const logs = listed.filter((o) => seqFromKey(o.key) <= upTo);
+    // Fetch headers with bounded parallelism, check and apply strictly in order.
     const headers = await mapLimit(logs, 16, (o) => this.readLogHeader(o.key, o.size));
-    let fence = 0;
+    let expect = after + 1;
+    let lastId = state.lastId;
+    for (let i = 0; i < logs.length; i++) {
+      const seq = seqFromKey(logs[i]!.key);
+      if (seq !== expect) throw new CorruptError(`volume ${this.name}: log record ${expect} of ${id} is missing (found ${seq}); refusing to guess`);
+      const { header } = headers[i]!;
+      if (header.seq !== seq || header.volumeId !== id) throw new CorruptError(`${logs[i]!.key}: header says seq ${header.seq} of volume ${header.volumeId}`);
+      if (!followsChain(header, lastId)) throw new ChainBrokenError(seq, `${logs[i]!.key} does not follow the record before it (it names ${header.prev}, the log holds ${lastId}): a stale writer's record or checkpoint at a position garbage collection freed`);
+      lastId = header.id;
+      expect++;
+    }
+    if (upTo !== Infinity && expect - 1 !== upTo) throw new CorruptError(`volume ${this.name}: ancestor ${id} is missing log records in (${after}, ${upTo}]`);
+    let fence = state.fence;
     for (let i = 0; i < logs.length; i++) {
       const { header, dataStart } = headers[i]!;
-      if (header.kind === 'takeover') fence = Math.max(fence, header.token);
-      if (header.kind === 'commit' && header.token < fence) continue;
-      this.applyRecord(logs[i]!.key, header, dataStart, logs[i]!.size);
+      if (recordCounts(header, fence)) {
+        applyRecord(map, this.size, logs[i]!.key, header, dataStart, logs[i]!.size);
+        fence = fenceAfter(header, fence);
+      } else {
+        this.log.error({ key: logs[i]!.key, token: header.token, fence }, 'ignoring a log record from a fenced writer');
+      }
     }
+    return { seq: expect - 1, fence, lastId, records: logs.length };
   }
 
   /**
-   * Apply every log record after the ones already applied. Used by recovery and when a
-   * create-only put finds its position taken (to learn what the other writer committed).
-   *
-   * Token rule (belt and braces; by construction it cannot trigger, see takeover()): once a
-   * takeover record with token T is in the log, a later record with a token below T comes
-   * from a fenced writer and is ignored.
+   * Apply every record of our own log after the ones already applied. Used by recovery, by
+   * read-only views catching up, and when a create-only put finds its position taken (to
+   * learn what the other writer committed).
    */
   private async replayLog(): Promise<number> {
-    const after = this.nextSeq - 1;
-    const logs = await listAll(this.store, keys.logPrefix(this.id), after > 0 ? { startAfter: keys.log(this.id, after) } : {});
-    let expect = this.nextSeq;
-    // Fetch headers with bounded parallelism, apply strictly in order.
-    const headers = await mapLimit(logs, 16, (o) => this.readLogHeader(o.key, o.size));
-    for (let i = 0; i < logs.length; i++) {
-      const o = logs[i]!;
-      const seq = seqFromKey(o.key);
-      if (seq !== expect) throw new CorruptError(`volume ${this.name}: log record ${expect} is missing (found ${seq}); refusing to guess`);
-      const { header, dataStart } = headers[i]!;
-      if (header.seq !== seq || header.volumeId !== this.id) throw new CorruptError(`${o.key}: header says seq ${header.seq} of volume ${header.volumeId}`);
-      if (header.token < this.highestTokenSeen && header.kind === 'commit') {
-        this.log.error({ seq, token: header.token, fence: this.highestTokenSeen }, 'ignoring a log record from a fenced writer');
-        this.objectSizes.set(o.key, o.size);
-      } else {
-        this.applyRecord(o.key, header, dataStart, o.size);
-        if (header.kind === 'takeover') this.highestTokenSeen = Math.max(this.highestTokenSeen, header.token);
-      }
-      expect++;
-    }
-    this.nextSeq = expect;
-    return logs.length;
+    const r = await this.replayInto(this.committed, this.id, this.nextSeq - 1, Infinity, { fence: this.highestTokenSeen, lastId: this.lastRecordId });
+    this.nextSeq = r.seq + 1;
+    this.highestTokenSeen = r.fence;
+    this.lastRecordId = r.lastId;
+    return r.records;
   }
 
   /**
@@ -317,21 +415,19 @@ export class Volume implements BlockBackend {
         throw new StaleTokenError(this.highestTokenSeen, `token ${token} is not above the log's ${this.highestTokenSeen}`);
       }
       const seq = this.nextSeq;
-      const header: LogHeader = {
-        v: 1, kind: 'takeover', seq, volumeId: this.id, token, time: new Date().toISOString(), segments: [], extents: [], inlineLength: 0,
-      };
+      const header = this.newHeader('takeover', seq, token, [], [], 0);
       const { body, dataStart } = encodeLogRecord(header, []);
       const key = keys.log(this.id, seq);
       try {
-        await this.store.put(key, body, { ifNoneMatch: true, metadata: { 'baton-put-id': randomBytes(8).toString('hex') } });
+        await this.store.put(key, body, { ifNoneMatch: true, metadata: { [PUT_ID_META]: header.id! } });
       } catch (err) {
         if (!(err instanceof PreconditionFailedError)) throw err;
+        // Another writer's record (or our own earlier attempt, whose token then counts as
+        // seen and makes the lease layer re-acquire higher): learn it, try the next position.
         await this.replayLog();
         continue;
       }
-      this.applyRecord(key, header, dataStart, body.length);
-      this.nextSeq = seq + 1;
-      this.highestTokenSeen = token;
+      this.landRecord(key, header, dataStart, body.length);
       this.token = token;
       this.log.info({ seq, token }, 'takeover record committed');
       // A fork's first checkpoint flattens its ancestry: later opens need no parent at all.
@@ -339,6 +435,24 @@ export class Volume implements BlockBackend {
       return;
     }
     throw new FencedError(`volume ${this.name}: could not commit a takeover record (the log keeps moving: is another host writing?)`);
+  }
+
+  /** A v2 header at `seq`, chained to the record this volume applied before it. */
+  private newHeader(kind: LogHeader['kind'], seq: number, token: number, segments: LogHeader['segments'], extents: RecordExtent[], inlineLength: number): LogHeader {
+    assert(seq === this.nextSeq, `header for position ${seq} while the log is at ${this.nextSeq}`);
+    return {
+      v: 2, kind, seq, volumeId: this.id, token, time: new Date().toISOString(), segments, extents, inlineLength,
+      id: randomBytes(12).toString('hex'), prev: this.lastRecordId ?? '',
+    };
+  }
+
+  /** Our own record landed at the next position: it is in the log for everyone. */
+  private landRecord(key: string, h: LogHeader, dataStart: number, recordSize: number): void {
+    assert(h.seq === this.nextSeq, `landing position ${h.seq} while the log is at ${this.nextSeq}`);
+    applyRecord(this.committed, this.size, key, h, dataStart, recordSize);
+    this.highestTokenSeen = fenceAfter(h, this.highestTokenSeen);
+    this.lastRecordId = h.id;
+    this.nextSeq = h.seq + 1;
   }
 
   /** The lease's local deadline: past it this host acknowledges no write and no flush. */
@@ -364,39 +478,6 @@ export class Volume implements BlockBackend {
       b = await this.store.get(key, { offset: 0, length: need });
     }
     return decodeLogHeader(b, key);
-  }
-
-  private applyRecord(key: string, h: LogHeader, dataStart: number, recordSize: number): void {
-    this.objectSizes.set(key, recordSize);
-    for (const s of h.segments) this.objectSizes.set(s.key, s.size);
-    for (const [off, len, src, srcOff] of h.extents) {
-      if (off < 0 || len <= 0 || off + len > this.size) throw new CorruptError(`${key}: extent out of range`);
-      let loc: Loc;
-      if (src === SRC_HOLE) loc = HOLE;
-      else if (src === SRC_ZERO) loc = ZERO;
-      else if (src === SRC_INLINE) loc = { key, off: dataStart + srcOff };
-      else {
-        const seg = h.segments[src];
-        if (!seg) throw new CorruptError(`${key}: extent refers to missing segment ${src}`);
-        loc = { key: seg.key, off: srcOff };
-      }
-      this.committed.set(off, len, loc);
-    }
-  }
-
-  private loadCheckpoint(c: Checkpoint): void {
-    const m = new ExtentMap<Loc>(sliceLoc);
-    for (const [key, size] of c.objects) this.objectSizes.set(key, size);
-    for (const [off, len, src, srcOff] of c.extents) {
-      if (src === SRC_HOLE) m.set(off, len, HOLE);
-      else if (src === SRC_ZERO) m.set(off, len, ZERO);
-      else {
-        const o = c.objects[src];
-        if (!o) throw new CorruptError(`checkpoint ${c.seq}: bad object index`);
-        m.set(off, len, { key: o[0], off: srcOff });
-      }
-    }
-    this.committed = m;
   }
 
   // ------------------------------------------------------------------ reads
@@ -434,7 +515,7 @@ export class Volume implements BlockBackend {
   private async refreshIfStale(): Promise<void> {
     // A read that arrives during a refresh waits for it: the map in use is the stale one.
     if (this.refreshing) { await this.refreshing; return; }
-    if (performance.now() - this.mapLoadedAt <= this.maxOpMs / 2) return;
+    if (performance.now() - this.mapLoadedAt <= this.viewMaxAgeMs) return;
     this.refreshing = this.refresh().finally(() => { this.refreshing = null; });
     await this.refreshing;
   }
@@ -457,8 +538,8 @@ export class Volume implements BlockBackend {
     }
     const fresh = await Volume.open(this.record, this.opts);
     this.committed = fresh.committed;
-    for (const [k, v] of fresh.objectSizes) this.objectSizes.set(k, v);
     this.nextSeq = fresh.nextSeq;
+    this.lastRecordId = fresh.lastRecordId;
     this.highestTokenSeen = fresh.highestTokenSeen;
     this.lastCheckpointSeq = fresh.lastCheckpointSeq;
     this.mapLoadedAt = fresh.mapLoadedAt;
@@ -467,28 +548,26 @@ export class Volume implements BlockBackend {
   async read(offset: number, length: number, into?: Buffer): Promise<Buffer> {
     if (this.followsLog) await this.refreshIfStale();
     const out = into ?? Buffer.allocUnsafe(length);
-    const fetches: { key: string; off: number; len: number; outOff: number }[] = [];
+    const fetches: { key: string; size: number; off: number; len: number; outOff: number }[] = [];
     this.resolve(offset, length, (p) => {
       const v = p.value;
       if (v === undefined || isZero(v)) out.fill(0, p.offset - offset, p.offset - offset + p.length);
       else if ('buf' in v) v.buf.copy(out, p.offset - offset, 0, p.length);
-      else fetches.push({ key: v.key, off: v.off, len: p.length, outOff: p.offset - offset });
+      else fetches.push({ key: v.key, size: v.size, off: v.off, len: p.length, outOff: p.offset - offset });
     });
     if (fetches.length > 0) {
       // Sequential readers get a growing readahead window.
       if (offset === this.lastReadEnd) this.sequentialStreak = Math.min(this.sequentialStreak + 1, 6);
       else this.sequentialStreak = 0;
       const readahead = this.sequentialStreak > 0 ? (128 * 1024) << this.sequentialStreak : 0;
-      await Promise.all(fetches.map((f) => this.blockCache.read(this.store, f.key, this.objectSize(f.key), f.off, f.len, out, f.outOff, readahead)));
+      // Settle every fetch before answering, also when one fails: each writes into `out`,
+      // and the caller may hand `out` to another request (a pooled buffer) once this
+      // settles. Nothing may write into it after that.
+      const results = await Promise.allSettled(fetches.map((f) => this.blockCache.read(this.store, f.key, f.size, f.off, f.len, out, f.outOff, readahead)));
+      for (const r of results) if (r.status === 'rejected') throw r.reason;
     }
     this.lastReadEnd = offset + length;
     return out;
-  }
-
-  private objectSize(key: string): number {
-    const s = this.objectSizes.get(key);
-    if (s === undefined) throw new CorruptError(`map refers to object ${key} of unknown size`);
-    return s;
   }
 
   async blockStatus(offset: number, length: number): Promise<Extent[]> {
@@ -641,7 +720,38 @@ export class Volume implements BlockBackend {
     return p;
   }
 
+  /**
+   * One commit: seal, then resolve an ambiguous earlier attempt, then pack, upload and
+   * publish the oldest sealed layer. Whatever fails, every sealed byte stays buffered (and
+   * readable) for the next commit; an acknowledged flush therefore never lacks data that
+   * was written before it ("fsyncgate").
+   */
   private async commit(): Promise<void> {
+    this.seal();
+    if (this.sealed.length === 0) return;
+    this.checkDeadline();
+    if (this.ambiguous) {
+      await this.publish(this.ambiguous);
+      this.log.info({ seq: this.nextSeq - 1 }, 'an earlier commit whose reply was lost is in the log');
+    }
+    if (this.sealed.length === 0) return;
+    this.checkDeadline();
+    const attempt = this.pack(this.sealed[0]!);
+    await this.upload(attempt);
+    await this.publish(attempt);
+    // It landed, and is in the log for everyone; but if our lease ran out meanwhile, we do
+    // not vouch for it to the client (EIO never claims the data is absent).
+    this.checkDeadline();
+    this.log.debug({ seq: attempt.seq, segments: attempt.segments.length, inline: attempt.header.inlineLength, extents: attempt.header.extents.length }, 'committed');
+  }
+
+  /**
+   * Close the dirty overlay for writing and keep at most two sealed layers: the layer of an
+   * ambiguous attempt (fixed: it must be published again byte for byte) and one layer with
+   * everything else, newer writes merged over older ones. So reads cost the same after any
+   * number of failed commits (a layer per failure made reads recurse once per layer).
+   */
+  private seal(): void {
     if (!this.dirty.isEmpty()) {
       this.sealed.push({ map: this.dirty, bytes: this.dirtyBytes });
       this.dirty = new ExtentMap<Dirty>(sliceDirty);
@@ -649,24 +759,29 @@ export class Volume implements BlockBackend {
       this.arena = Buffer.alloc(0); // sealed buffers keep their chunks alive; new writes start a new one
       this.arenaUsed = 0;
     }
-    if (this.sealed.length === 0) return;
-    this.checkDeadline();
-    if (this.ambiguous) await this.resolveAmbiguous();
-    if (this.sealed.length === 0) return;
-
-    const batchLength = this.sealed.length;
-    let merged = this.sealed[0]!.map;
-    if (batchLength > 1) {
-      merged = merged.clone();
-      for (let i = 1; i < batchLength; i++) for (const e of this.sealed[i]!.map.entries()) merged.set(e.offset, e.length, e.value);
+    const fixed = this.ambiguous ? 1 : 0;
+    assert(!this.ambiguous || this.sealed[0] === this.ambiguous.layer, 'an ambiguous attempt commits the oldest sealed layer');
+    if (this.sealed.length - fixed > 1) {
+      // No attempt references these layers (an attempt that failed without ambiguity is
+      // dropped), so the oldest of them can absorb the newer ones in place.
+      const into = this.sealed[fixed]!;
+      for (const layer of this.sealed.splice(fixed + 1)) {
+        for (const e of layer.map.entries()) into.map.set(e.offset, e.length, e.value);
+        into.bytes += layer.bytes;
+      }
     }
+    assert(this.sealed.length <= 2, 'at most two sealed layers');
+  }
+
+  /**
+   * Pack a sealed layer in volume order: full segments are uploaded separately, the rest
+   * rides inline in the log record. Synchronous, and the layer is not changed.
+   */
+  private pack(layer: Sealed): CommitAttempt {
     const seq = this.nextSeq;
     const nonce = randomBytes(4).toString('hex');
-
-    // Pack the data in volume order: full segments are uploaded separately, the rest rides
-    // inline in the log record.
     const extents: RecordExtent[] = [];
-    const segments: { key: string; size: number; parts: Buffer[] }[] = [];
+    const segments: CommitAttempt['segments'] = [];
     let parts: Buffer[] = [];
     let partBytes = 0;
     const sealSegment = (): void => {
@@ -676,7 +791,7 @@ export class Volume implements BlockBackend {
     };
     // Extents pointing at the not-yet-sealed tail use SRC_INLINE; fixed up when the tail becomes a segment.
     let tailExtents: RecordExtent[] = [];
-    for (const e of merged.entries()) {
+    for (const e of layer.map.entries()) {
       const v = e.value;
       if (isZero(v)) { extents.push([e.offset, e.length, v.hole ? SRC_HOLE : SRC_ZERO, 0]); continue; }
       let done = 0;
@@ -695,68 +810,69 @@ export class Volume implements BlockBackend {
         }
       }
     }
-    const inlineParts = parts;
-    const inlineLength = partBytes;
-
-    // Each segment is assembled just before its upload, not all at once: a big commit
-    // would otherwise hold the event loop for the whole copy.
-    const segBodies: Buffer[] = new Array(segments.length);
-    await mapLimit(segments, this.uploadConcurrency, async (s, i) => {
-      await new Promise((r) => setImmediate(r));
-      const body = Buffer.concat(s.parts, s.size);
-      segBodies[i] = body;
-      await this.store.put(s.key, body);
-    });
-
-    const header: LogHeader = {
-      v: 1, kind: 'commit', seq, volumeId: this.id, token: this.token, time: new Date().toISOString(),
-      segments: segments.map((s) => ({ key: s.key, size: s.size })), extents, inlineLength,
-    };
-    const { body, dataStart } = encodeLogRecord(header, inlineParts);
-    const key = keys.log(this.id, seq);
-    const putId = randomBytes(8).toString('hex');
-    const apply = (): void => {
-      this.applyRecord(key, header, dataStart, body.length);
-      this.blockCache.insertObject(key, body);
-      segments.forEach((s, i) => this.blockCache.insertObject(s.key, segBodies[i]!));
-      this.sealed.splice(0, batchLength);
-      this.nextSeq = seq + 1;
-      this.commits++;
-      this.lastFlushAt = header.time;
-      this.maybeCheckpoint();
-    };
-    try {
-      await this.store.put(key, body, { ifNoneMatch: true, metadata: { 'baton-put-id': putId } });
-    } catch (err) {
-      if (err instanceof PreconditionFailedError) {
-        this.fence(`log position ${seq} of volume ${this.name} was taken by another writer`);
-        throw this.fencedError!;
-      }
-      // Unknown outcome: it may have landed. Remember how to recognise it.
-      this.ambiguous = { seq, putId, batchLength, apply };
-      throw err;
-    }
-    this.ambiguous = null;
-    apply();
-    // It landed, and is in the log for everyone; but if our lease ran out meanwhile, we do
-    // not vouch for it to the client (EIO never claims the data is absent).
-    this.checkDeadline();
-    this.log.debug({ seq, segments: segments.length, inline: inlineLength, extents: extents.length }, 'committed');
+    const header = this.newHeader('commit', seq, this.token, segments.map((s) => ({ key: s.key, size: s.size })), extents, partBytes);
+    const { body, dataStart } = encodeLogRecord(header, parts);
+    return { seq, id: header.id!, header, body, dataStart, segments, layer, state: 'packed' };
   }
 
-  /** A previous commit's put failed without an answer: find out whether it landed before going on. */
-  private async resolveAmbiguous(): Promise<void> {
-    const a = this.ambiguous!;
-    const head = await this.store.head(keys.log(this.id, a.seq));
-    if (!head) { this.ambiguous = null; return; } // it did not land; commit again at the same position
-    if (head.metadata['baton-put-id'] === a.putId) {
-      this.ambiguous = null;
-      a.apply();
-      this.log.info({ seq: a.seq }, 'an earlier commit whose reply was lost did land');
-      return;
+  /** Upload the attempt's segments in parallel, each assembled just before its upload (a big commit would otherwise hold the event loop for the whole copy). */
+  private async upload(a: CommitAttempt): Promise<void> {
+    assert(a.state === 'packed');
+    await mapLimit(a.segments, this.uploadConcurrency, async (s) => {
+      await new Promise((r) => setImmediate(r));
+      s.body = Buffer.concat(s.parts, s.size);
+      await this.store.put(s.key, s.body);
+    });
+    a.state = 'uploaded';
+  }
+
+  /**
+   * The commit point: the create-only put of the attempt's record. Resolves once it is in
+   * the log (now, or by an earlier try of the same attempt); throws FencedError if another
+   * writer holds the position, and leaves the attempt ambiguous if nobody answered.
+   */
+  private async publish(a: CommitAttempt): Promise<void> {
+    assert(a.state === 'uploaded' || a.state === 'ambiguous');
+    assert(a.seq === this.nextSeq && a.layer === this.sealed[0], 'an attempt publishes the next position and the oldest layer');
+    const key = keys.log(this.id, a.seq);
+    let landed = false;
+    try {
+      await this.store.put(key, a.body, { ifNoneMatch: true, metadata: { [PUT_ID_META]: a.id } });
+      landed = true;
+    } catch (err) {
+      if (!(err instanceof PreconditionFailedError)) {
+        // Unknown outcome: it may have landed, or may land later. Keep the attempt whole.
+        a.state = 'ambiguous';
+        this.ambiguous = a;
+        throw err;
+      }
     }
-    this.fence(`log position ${a.seq} of volume ${this.name} was taken by another writer`);
-    throw this.fencedError!;
+    if (!landed) {
+      // The position is taken: by this very attempt (an earlier try, or the retry layer's)
+      // or by another writer. The record's id tells which.
+      let there: LogHeader | null;
+      try {
+        const head = await this.store.head(key);
+        if (!head) throw new NotFoundError(`${key} answered "exists" and then vanished`);
+        there = (await this.readLogHeader(key, head.size)).header;
+      } catch (err) {
+        if (err instanceof CorruptError) there = null; // not a record we could have written
+        else { a.state = 'ambiguous'; this.ambiguous = a; throw err; }
+      }
+      if (there?.id !== a.id) {
+        this.ambiguous = null;
+        this.fence(`log position ${a.seq} of volume ${this.name} was taken by another writer`);
+        throw this.fencedError!;
+      }
+    }
+    this.ambiguous = null;
+    this.landRecord(key, a.header, a.dataStart, a.body.length);
+    this.blockCache.insertObject(key, a.body);
+    for (const s of a.segments) if (s.body) this.blockCache.insertObject(s.key, s.body);
+    this.sealed.shift();
+    this.commits++;
+    this.lastFlushAt = a.header.time;
+    this.maybeCheckpoint();
   }
 
   private fence(reason: string): void {
@@ -802,21 +918,29 @@ export class Volume implements BlockBackend {
     const seq = this.nextSeq - 1;
     // Serialize now (a consistent snapshot at `seq`), upload in the background.
     const objects = new Map<string, number>();
+    const sizes: number[] = [];
     const ext: RecordExtent[] = [];
     for (const e of this.committed.entries()) {
       const v = e.value;
       if (isZero(v)) { ext.push([e.offset, e.length, v.hole ? SRC_HOLE : SRC_ZERO, 0]); continue; }
       let idx = objects.get(v.key);
-      if (idx === undefined) { idx = objects.size; objects.set(v.key, idx); }
+      if (idx === undefined) { idx = objects.size; objects.set(v.key, idx); sizes.push(v.size); }
       ext.push([e.offset, e.length, idx, v.off]);
     }
+    const keysInOrder = [...objects.keys()];
     const cp: Checkpoint = {
-      v: 1, volumeId: this.id, seq, token: this.highestTokenSeen, time: new Date().toISOString(),
-      objects: [...objects.keys()].map((k) => [k, this.objectSizes.get(k) ?? 0]), extents: ext,
+      v: 2, volumeId: this.id, seq, token: this.highestTokenSeen, time: new Date().toISOString(),
+      objects: keysInOrder.map((k, i) => [k, sizes[i]!]), extents: ext,
+      ...(this.lastRecordId !== undefined ? { lastId: this.lastRecordId } : {}),
     };
-    this.checkpointing = this.store.put(keys.checkpoint(this.id, seq), Buffer.from(JSON.stringify(cp)))
+    // Create-only, like log records: a stale writer can never replace a checkpoint (see
+    // "The log is a chain"). A position's checkpoint is only ever written once by its writer.
+    this.checkpointing = this.store.put(keys.checkpoint(this.id, seq), Buffer.from(JSON.stringify(cp)), { ifNoneMatch: true })
       .then(() => { this.lastCheckpointSeq = Math.max(this.lastCheckpointSeq, seq); this.log.debug({ seq }, 'checkpoint written'); })
-      .catch((err) => this.log.warn({ seq, err: errorMessage(err) }, 'checkpoint failed; recovery replays more log'))
+      .catch((err) => {
+        if (err instanceof PreconditionFailedError) this.log.error({ seq }, 'a checkpoint for this position already exists (another writer\'s?); not replacing it');
+        else this.log.warn({ seq, err: errorMessage(err) }, 'checkpoint failed; recovery replays more log');
+      })
       .finally(() => { this.checkpointing = null; });
   }
 
@@ -837,7 +961,7 @@ export class Volume implements BlockBackend {
   async compact(opts: { below: number; maxBytes?: number }): Promise<CompactionResult> {
     this.checkWritable();
     const { victims, objectBytes: victimBytes } = this.compactionCandidates(opts.below);
-    const pieces: { offset: number; length: number; key: string; off: number }[] = [];
+    const pieces: { offset: number; length: number; key: string; size: number; off: number }[] = [];
     let planned = 0;
     const maxBytes = opts.maxBytes ?? Infinity;
     for (const e of this.committed.entries()) {
@@ -845,7 +969,7 @@ export class Volume implements BlockBackend {
       if (isZero(v) || !victims.has(v.key)) continue;
       if (planned >= maxBytes) break;
       for (let d = 0; d < e.length; d += 1024 * 1024) {
-        pieces.push({ offset: e.offset + d, length: Math.min(1024 * 1024, e.length - d), key: v.key, off: v.off + d });
+        pieces.push({ offset: e.offset + d, length: Math.min(1024 * 1024, e.length - d), key: v.key, size: v.size, off: v.off + d });
       }
       planned += e.length;
     }
@@ -854,7 +978,7 @@ export class Volume implements BlockBackend {
       await this.admit();
       this.checkWritable();
       const buf = Buffer.allocUnsafe(p.length);
-      await this.blockCache.read(this.store, p.key, this.objectSize(p.key), p.off, p.length, buf, 0, 0);
+      await this.blockCache.read(this.store, p.key, p.size, p.off, p.length, buf, 0, 0);
       this.checkWritable();
       this.resolve(p.offset, p.length, (q) => {
         const v = q.value;
@@ -873,16 +997,17 @@ export class Volume implements BlockBackend {
   /** This volume's own objects whose live fraction is below `below` (what compact() would rewrite). */
   compactionCandidates(below: number): { victims: Set<string>; objectBytes: number; liveBytes: number } {
     const prefix = keys.volumePrefix(this.id);
-    const live = new Map<string, number>();
+    const live = new Map<string, { live: number; size: number }>();
     for (const e of this.committed.entries()) {
       const v = e.value;
-      if (!isZero(v) && v.key.startsWith(prefix)) live.set(v.key, (live.get(v.key) ?? 0) + e.length);
+      if (isZero(v) || !v.key.startsWith(prefix)) continue;
+      const l = live.get(v.key);
+      if (l) l.live += e.length; else live.set(v.key, { live: e.length, size: v.size });
     }
     const victims = new Set<string>();
     let objectBytes = 0;
     let liveBytes = 0;
-    for (const [key, n] of live) {
-      const size = this.objectSizes.get(key) ?? 0;
+    for (const [key, { live: n, size }] of live) {
       if (size > 0 && n < below * size) { victims.add(key); objectBytes += size; liveBytes += n; }
     }
     return { victims, objectBytes, liveBytes };
@@ -913,19 +1038,59 @@ export class Volume implements BlockBackend {
    * the log since the last one.
    */
   async close(): Promise<void> {
-    if (!this.readOnly && !this.fencedError) {
-      await this.flush();
-      await this.checkpointing;
-      if (this.nextSeq - 1 > this.lastCheckpointSeq && !this.fencedError) {
-        this.maybeCheckpoint(true);
+    try {
+      if (!this.readOnly && !this.fencedError) {
+        await this.flush();
         await this.checkpointing;
+        if (this.nextSeq - 1 > this.lastCheckpointSeq && !this.fencedError) {
+          this.maybeCheckpoint(true);
+          await this.checkpointing;
+        }
       }
+    } finally {
+      // Also when the final flush failed: no retry timer may outlive a closed volume.
+      this.closed = true;
+      if (this.retryTimer) { clearTimeout(this.retryTimer); this.retryTimer = null; }
+      this.wakeWriters();
+      await this.checkpointing;
     }
-    this.closed = true;
-    if (this.retryTimer) { clearTimeout(this.retryTimer); this.retryTimer = null; }
-    this.wakeWriters();
-    await this.checkpointing;
   }
+}
+
+/** A record does not follow the one before it (see "The log is a chain" in Volume). */
+export class ChainBrokenError extends CorruptError {
+  constructor(readonly seq: number, message: string) { super(message); }
+}
+
+/** Apply one log record's extents to a map. */
+function applyRecord(map: ExtentMap<Loc>, volumeSize: number, key: string, h: LogHeader, dataStart: number, recordSize: number): void {
+  for (const [off, len, src, srcOff] of h.extents) {
+    if (off < 0 || len <= 0 || off + len > volumeSize) throw new CorruptError(`${key}: extent out of range`);
+    let loc: Loc;
+    if (src === SRC_HOLE) loc = HOLE;
+    else if (src === SRC_ZERO) loc = ZERO;
+    else if (src === SRC_INLINE) loc = { key, off: dataStart + srcOff, size: recordSize };
+    else {
+      const seg = h.segments[src];
+      if (!seg) throw new CorruptError(`${key}: extent refers to missing segment ${src}`);
+      loc = { key: seg.key, off: srcOff, size: seg.size };
+    }
+    map.set(off, len, loc);
+  }
+}
+
+function mapOfCheckpoint(c: Checkpoint): ExtentMap<Loc> {
+  const m = new ExtentMap<Loc>(sliceLoc);
+  for (const [off, len, src, srcOff] of c.extents) {
+    if (src === SRC_HOLE) m.set(off, len, HOLE);
+    else if (src === SRC_ZERO) m.set(off, len, ZERO);
+    else {
+      const o = c.objects[src];
+      if (!o) throw new CorruptError(`checkpoint ${c.seq}: bad object index`);
+      m.set(off, len, { key: o[0], off: srcOff, size: o[1] });
+    }
+  }
+  return m;
 }
 
 /** Run `fn` over `items` with at most `limit` in flight; results in input order. */
