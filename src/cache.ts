@@ -22,13 +22,14 @@ export const CACHE_BLOCK = 256 * 1024;
 /** Largest single ranged GET (coalesced misses + readahead). */
 const MAX_FETCH = 8 * 1024 * 1024;
 
-interface Slab {
+/** Where cached blocks live: one slot of CACHE_BLOCK bytes per block. */
+export interface Slab {
   read(slot: number, out: Buffer, outOff: number, from: number, length: number): Promise<void>;
   write(slot: number, data: Buffer): Promise<void>;
   close(): Promise<void>;
 }
 
-class MemorySlab implements Slab {
+export class MemorySlab implements Slab {
   private readonly slots = new Map<number, Buffer>();
   async read(slot: number, out: Buffer, outOff: number, from: number, length: number): Promise<void> {
     this.slots.get(slot)!.copy(out, outOff, from, from + length);
@@ -89,6 +90,16 @@ export interface BlockCacheOptions {
   /** Directory for the cache file; undefined keeps blocks in memory. */
   dir?: string;
   capacityBytes: number;
+  /** Where blocks live; default a FileSlab in `dir`, or memory. Tests pass a faulty one. */
+  slab?: Slab;
+  /** Where the cache says that its disk is failing (and that it recovered). */
+  log?: CacheLogger;
+}
+
+/** The part of a pino Logger the cache uses. */
+export interface CacheLogger {
+  warn(obj: object, msg: string): void;
+  info(obj: object, msg: string): void;
 }
 
 export class BlockCache {
@@ -104,7 +115,7 @@ export class BlockCache {
   }
 
   static async open(opts: BlockCacheOptions): Promise<BlockCache> {
-    const slab = opts.dir ? await FileSlab.open(opts.dir) : new MemorySlab();
+    const slab = opts.slab ?? (opts.dir ? await FileSlab.open(opts.dir) : new MemorySlab());
     return new BlockCache(slab, opts.capacityBytes);
   }
 
@@ -220,6 +231,11 @@ export class BlockCache {
     for (const id of ids) this.inflight.set(id, p);
     void p.catch(() => {}).finally(() => { for (const id of ids) if (this.inflight.get(id) === p) this.inflight.delete(id); });
     return p;
+  }
+
+  /** Settles when every slab write started so far has settled. */
+  async drain(): Promise<void> {
+    await Promise.allSettled([...this.index.values()].map((e) => e.ready));
   }
 
   async close(): Promise<void> {
