@@ -9,7 +9,11 @@
  *
  * Misses are fetched with ranged GETs: adjacent missing blocks of one object are coalesced
  * into one request, and a sequential reader's readahead extends that request. Concurrent
- * misses of the same block share one fetch.
+ * misses of the same block share one fetch, and the fetched bytes serve every read that
+ * waited for them whether or not they could be cached: a block is fetched once.
+ *
+ * The cache is an optimisation and never a reason for a read to fail: a full or failing cache
+ * disk is reported once and costs only speed (blocks come from the store until it works).
  */
 
 import * as fs from 'node:fs';
@@ -22,13 +26,14 @@ export const CACHE_BLOCK = 256 * 1024;
 /** Largest single ranged GET (coalesced misses + readahead). */
 const MAX_FETCH = 8 * 1024 * 1024;
 
-interface Slab {
+/** Where cached blocks live: one slot of CACHE_BLOCK bytes per block. */
+export interface Slab {
   read(slot: number, out: Buffer, outOff: number, from: number, length: number): Promise<void>;
   write(slot: number, data: Buffer): Promise<void>;
   close(): Promise<void>;
 }
 
-class MemorySlab implements Slab {
+export class MemorySlab implements Slab {
   private readonly slots = new Map<number, Buffer>();
   async read(slot: number, out: Buffer, outOff: number, from: number, length: number): Promise<void> {
     this.slots.get(slot)!.copy(out, outOff, from, from + length);
@@ -75,7 +80,34 @@ class FileSlab implements Slab {
   async close(): Promise<void> { fs.closeSync(this.fd); }
 }
 
-interface Entry { slot: number; length: number; ready: Promise<void>; readers: number }
+/**
+ * One cached block. Slot ownership, which keeps a slot from being lost or shared:
+ * - an entry owns its slot from insertion until it leaves the index;
+ * - evicted (only with no readers): the slot passes straight to the new entry, whose write is
+ *   chained after this entry's `ready`, so two writes never race on one slot;
+ * - dropped after a failure (its write failed, or the disk failed a read of it): the slot goes
+ *   back to `freeSlots` once its last reader is gone. Without that, every failed write cost a
+ *   slot for good, and after as many cache-disk errors as slots the cache held nothing (17.10).
+ * Readers are counted from the moment a read plans to copy from an entry (it is found in the
+ * index) until that read settles; an entry that left the index gains no new readers.
+ */
+interface Entry {
+  readonly slot: number;
+  readonly length: number;
+  /**
+   * The block's bytes until its slab write succeeded; readers copy from here meanwhile (no
+   * wait for the disk, and no second fetch if the write fails). Null once the slab holds it.
+   */
+  data: Buffer | null;
+  /** Settles, never rejects, once this entry's slab write has settled. */
+  ready: Promise<void>;
+  readers: number;
+  /** Left the index after a failure; its slot is freed when `readers` reaches 0. */
+  dropped: boolean;
+}
+
+/** The bytes of one ranged GET of blocks, starting at byte `start` of the object. */
+interface Fetched { start: number; data: Buffer }
 
 export interface CacheStats {
   hits: number;
@@ -89,6 +121,16 @@ export interface BlockCacheOptions {
   /** Directory for the cache file; undefined keeps blocks in memory. */
   dir?: string;
   capacityBytes: number;
+  /** Where blocks live; default a FileSlab in `dir`, or memory. Tests pass a faulty one. */
+  slab?: Slab;
+  /** Where the cache says that its disk is failing (and that it recovered). */
+  log?: CacheLogger;
+}
+
+/** The part of a pino Logger the cache uses. */
+export interface CacheLogger {
+  warn(obj: object, msg: string): void;
+  info(obj: object, msg: string): void;
 }
 
 export class BlockCache {
@@ -96,16 +138,20 @@ export class BlockCache {
   private readonly freeSlots: number[] = [];
   private nextSlot = 0;
   private readonly maxSlots: number;
-  private readonly inflight = new Map<string, Promise<void>>();
+  private readonly inflight = new Map<string, Promise<Fetched>>();
+  /** Slab writes not yet settled (their entries' `ready`). */
+  private readonly writing = new Set<Promise<void>>();
+  /** The cache disk failed its last operation: warned once, until an operation succeeds again. */
+  private diskFailing = false;
   readonly stats: CacheStats = { hits: 0, misses: 0, fetches: 0, bytesFetched: 0, cachedBytes: 0 };
 
-  private constructor(private readonly slab: Slab, capacityBytes: number) {
+  private constructor(private readonly slab: Slab, capacityBytes: number, private readonly log: CacheLogger | undefined) {
     this.maxSlots = Math.max(16, Math.floor(capacityBytes / CACHE_BLOCK));
   }
 
   static async open(opts: BlockCacheOptions): Promise<BlockCache> {
-    const slab = opts.dir ? await FileSlab.open(opts.dir) : new MemorySlab();
-    return new BlockCache(slab, opts.capacityBytes);
+    const slab = opts.slab ?? (opts.dir ? await FileSlab.open(opts.dir) : new MemorySlab());
+    return new BlockCache(slab, opts.capacityBytes, opts.log);
   }
 
   private static id(key: string, block: number): string { return `${key}#${block}`; }
@@ -118,6 +164,10 @@ export class BlockCache {
     }
   }
 
+  /**
+   * Cache one block (best effort: a full cache whose blocks are all being read, or a failing
+   * disk, leaves it out). `data` must not change afterwards; it is kept until written.
+   */
   private insertBlock(key: string, block: number, data: Buffer): void {
     const id = BlockCache.id(key, block);
     if (this.index.has(id)) return;
@@ -137,76 +187,140 @@ export class BlockCache {
       // The victim's own write to this slot must land before ours does.
       after = victim.ready;
     }
-    const entry: Entry = { slot, length: data.length, ready: Promise.resolve(), readers: 0 };
-    entry.ready = after.then(() => this.slab.write(slot, data)).catch(() => {
-      if (this.index.get(id) === entry) { this.index.delete(id); this.stats.cachedBytes -= entry.length; }
-    });
+    const entry: Entry = { slot, length: data.length, data, ready: Promise.resolve(), readers: 0, dropped: false };
+    entry.ready = after.then(() => this.slab.write(slot, data)).then(
+      () => {
+        entry.data = null;
+        this.diskWorks();
+      },
+      (err: unknown) => {
+        this.diskFailed(err, 'write');
+        // Still ours (not evicted meanwhile, when the slot already passed on): give it back.
+        // `data` stays, for the readers that planned to copy from this entry.
+        if (this.index.get(id) === entry) this.drop(id, entry);
+      },
+    );
+    const ready = entry.ready;
+    this.writing.add(ready);
+    void ready.then(() => this.writing.delete(ready));
     this.index.set(id, entry);
     this.stats.cachedBytes += data.length;
+  }
+
+  /** Take an entry out of the index after a failure; only once its write has settled. */
+  private drop(id: string, e: Entry): void {
+    this.index.delete(id);
+    this.stats.cachedBytes -= e.length;
+    e.dropped = true;
+    if (e.readers === 0) this.freeSlots.push(e.slot);
+  }
+
+  private unpin(e: Entry): void {
+    e.readers--;
+    if (e.dropped && e.readers === 0) this.freeSlots.push(e.slot);
+  }
+
+  /**
+   * A failing cache disk (full, or I/O errors) costs speed, never a read: blocks come from the
+   * store meanwhile. It is said once when it starts failing, and again only after it worked.
+   */
+  private diskFailed(err: unknown, op: 'read' | 'write'): void {
+    if (this.diskFailing) return;
+    this.diskFailing = true;
+    const code = (err as NodeJS.ErrnoException | null)?.code;
+    this.log?.warn({ err, code, op },
+      `read cache: the cache disk failed a ${op} (${err instanceof Error ? err.message : String(err)}); `
+      + 'reads are served from the store, uncached, until it works again. Free space on the cache '
+      + 'filesystem (--cache-dir) or check the disk.');
+  }
+
+  private diskWorks(): void {
+    if (!this.diskFailing) return;
+    this.diskFailing = false;
+    this.log?.info({}, 'read cache: the cache disk works again; caching resumed');
   }
 
   /**
    * Read [offset, offset+length) of object `key` (of size `objectSize`) into out[outOff..],
    * from cache or store. `readahead` extends a miss fetch by that many bytes.
+   *
+   * When the returned promise settles, resolved or rejected, nothing writes into `out` any
+   * more (the NBD layer hands the buffer to the next request then, 9.1): `out` is written only
+   * by this function's own sequential copy phase, which starts after every fetch it needs
+   * succeeded; fetches themselves never see `out`.
    */
   async read(store: ObjectStore, key: string, objectSize: number, offset: number, length: number, out: Buffer, outOff: number, readahead = 0): Promise<void> {
     const first = Math.floor(offset / CACHE_BLOCK);
     const last = Math.floor((offset + length - 1) / CACHE_BLOCK);
-    // Make sure every block is present (fetching runs of missing blocks), then copy.
-    let b = first;
-    const waits: Promise<void>[] = [];
-    while (b <= last) {
-      const id = BlockCache.id(key, b);
-      const e = this.index.get(id);
-      if (e) {
-        this.stats.hits++;
-        this.index.delete(id); this.index.set(id, e); // touch: most recently used
-        b++;
-        continue;
-      }
-      const pending = this.inflight.get(id);
-      if (pending) { waits.push(pending); b++; continue; }
-      // A run of missing blocks, extended by readahead (never past the object's end).
-      let runEnd = b;
-      while (runEnd + 1 <= last && !this.index.has(BlockCache.id(key, runEnd + 1)) && !this.inflight.has(BlockCache.id(key, runEnd + 1))) runEnd++;
-      const lastBlock = Math.floor((objectSize - 1) / CACHE_BLOCK);
-      if (runEnd === last && readahead > 0) {
-        const extra = Math.ceil(readahead / CACHE_BLOCK);
-        while (runEnd < lastBlock && runEnd - b + 1 < MAX_FETCH / CACHE_BLOCK && runEnd < last + extra
-          && !this.index.has(BlockCache.id(key, runEnd + 1)) && !this.inflight.has(BlockCache.id(key, runEnd + 1))) runEnd++;
-      }
-      this.stats.misses += Math.min(runEnd, last) - b + 1;
-      waits.push(this.fetchRun(store, key, objectSize, b, runEnd));
-      b = Math.min(runEnd, last) + 1;
-    }
-    await Promise.all(waits);
-    for (let blk = first; blk <= last; blk++) {
-      const blockStart = blk * CACHE_BLOCK;
-      const from = Math.max(offset, blockStart);
-      const to = Math.min(offset + length, blockStart + CACHE_BLOCK);
-      const e = this.index.get(BlockCache.id(key, blk));
-      if (e) {
-        e.readers++;
-        try {
-          await e.ready;
-          // The block may have been dropped (failed write) while we waited; then use the store.
-          if (this.index.get(BlockCache.id(key, blk)) === e) {
-            await this.slab.read(e.slot, out, outOff + (from - offset), from - blockStart, to - from);
-            continue;
-          }
-        } finally {
-          e.readers--;
+    // Plan: for each block, the cache entry (pinned until we are done) or the fetch that brings it.
+    const entries: (Entry | null)[] = [];
+    const fetches: (Promise<Fetched> | null)[] = [];
+    try {
+      let b = first;
+      while (b <= last) {
+        const id = BlockCache.id(key, b);
+        const e = this.index.get(id);
+        if (e) {
+          this.stats.hits++;
+          this.index.delete(id); this.index.set(id, e); // touch: most recently used
+          e.readers++;
+          entries.push(e); fetches.push(null);
+          b++;
+          continue;
         }
+        const pending = this.inflight.get(id);
+        if (pending) { entries.push(null); fetches.push(pending); b++; continue; }
+        // A run of missing blocks, extended by readahead (never past the object's end).
+        let runEnd = b;
+        while (runEnd + 1 <= last && !this.index.has(BlockCache.id(key, runEnd + 1)) && !this.inflight.has(BlockCache.id(key, runEnd + 1))) runEnd++;
+        const lastBlock = Math.floor((objectSize - 1) / CACHE_BLOCK);
+        if (runEnd === last && readahead > 0) {
+          const extra = Math.ceil(readahead / CACHE_BLOCK);
+          while (runEnd < lastBlock && runEnd - b + 1 < MAX_FETCH / CACHE_BLOCK && runEnd < last + extra
+            && !this.index.has(BlockCache.id(key, runEnd + 1)) && !this.inflight.has(BlockCache.id(key, runEnd + 1))) runEnd++;
+        }
+        this.stats.misses += Math.min(runEnd, last) - b + 1;
+        const p = this.fetchRun(store, key, objectSize, b, runEnd);
+        for (; b <= Math.min(runEnd, last); b++) { entries.push(null); fetches.push(p); }
       }
-      const direct = await store.get(key, { offset: from, length: to - from });
-      direct.copy(out, outOff + (from - offset));
+      // Rejects on the first failed fetch while others may still run: they only fill the cache.
+      const fetched = await Promise.all(fetches);
+
+      // Copy phase: the only writer of `out`, one piece after another.
+      for (let i = 0, blk = first; blk <= last; i++, blk++) {
+        const blockStart = blk * CACHE_BLOCK;
+        const from = Math.max(offset, blockStart);
+        const to = Math.min(offset + length, blockStart + CACHE_BLOCK);
+        const dst = outOff + (from - offset);
+        // Fetched for (or with) this read: served from those bytes, cached or not (17.10).
+        const f = fetched[i];
+        if (f) { f.data.copy(out, dst, from - f.start, to - f.start); continue; }
+        const e = entries[i]!;
+        if (e.data) { e.data.copy(out, dst, from - blockStart, to - blockStart); continue; }
+        if (!e.dropped) {
+          // data === null: the slab write succeeded, so the slot holds this block.
+          try {
+            await this.slab.read(e.slot, out, dst, from - blockStart, to - from);
+            continue;
+          } catch (err) {
+            this.diskFailed(err, 'read');
+            const id = BlockCache.id(key, blk);
+            if (this.index.get(id) === e) this.drop(id, e); // never trusted again
+          }
+        }
+        // The cache lost this block's bytes (the disk failed a read of it): from the store.
+        const direct = await store.get(key, { offset: from, length: to - from });
+        direct.copy(out, dst);
+      }
+    } finally {
+      for (const e of entries) if (e) this.unpin(e);
     }
   }
 
-  private fetchRun(store: ObjectStore, key: string, objectSize: number, firstBlock: number, lastBlock: number): Promise<void> {
+  private fetchRun(store: ObjectStore, key: string, objectSize: number, firstBlock: number, lastBlock: number): Promise<Fetched> {
     const start = firstBlock * CACHE_BLOCK;
     const end = Math.min((lastBlock + 1) * CACHE_BLOCK, objectSize);
-    const p = (async () => {
+    const p = (async (): Promise<Fetched> => {
       const data = await store.get(key, { offset: start, length: end - start });
       this.stats.fetches++;
       this.stats.bytesFetched += data.length;
@@ -214,6 +328,7 @@ export class BlockCache {
         const from = blk * CACHE_BLOCK - start;
         this.insertBlock(key, blk, data.subarray(from, Math.min(from + CACHE_BLOCK, data.length)));
       }
+      return { start, data };
     })();
     const ids: string[] = [];
     for (let blk = firstBlock; blk <= lastBlock; blk++) ids.push(BlockCache.id(key, blk));
@@ -222,8 +337,13 @@ export class BlockCache {
     return p;
   }
 
+  /** Settles when every slab write started so far has settled. */
+  async drain(): Promise<void> {
+    while (this.writing.size > 0) await Promise.all([...this.writing]);
+  }
+
   async close(): Promise<void> {
-    await Promise.allSettled([...this.index.values()].map((e) => e.ready));
+    await this.drain();
     this.index.clear();
     await this.slab.close();
   }

@@ -44,7 +44,7 @@ export function openStoreCatalog(url: string, opts: CatalogOptions = {}): StoreC
   return new StoreCatalog({
     store,
     log: opts.log ?? silentLogger(),
-    cache: () => (cache ??= BlockCache.open({ dir: opts.cacheDir ?? defaultCacheDir(), capacityBytes: opts.cacheSize ?? 2 * 1024 ** 3 })),
+    cache: () => (cache ??= BlockCache.open({ dir: opts.cacheDir ?? defaultCacheDir(), capacityBytes: opts.cacheSize ?? 2 * 1024 ** 3, ...(opts.log ? { log: opts.log } : {}) })),
     ...(opts.volume ? { volume: opts.volume } : {}),
   });
 }
