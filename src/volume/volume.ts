@@ -18,10 +18,13 @@
  *   `dirtyHardLimit` writes wait (in arrival order) until a commit frees memory.
  * - TRIM and WRITE_ZEROES are map operations: no zero bytes are uploaded.
  * - Nothing runs on a timer: an idle volume makes no store requests.
- * - Fencing: a create-only put that finds its log position taken by someone else means
- *   another writer committed there. This engine then refuses every later write and flush
- *   (FencedError -> EIO); it can never land data after that point. See src/lease.ts for
- *   the takeover protocol that relies on this.
+ * - Fencing: a create-only put that finds its log position taken by a record with another
+ *   id means another writer committed there. This engine then refuses every later write and
+ *   flush (FencedError -> EIO) for good: a fenced volume is terminal (onFenced tells the
+ *   serving layer, which disconnects its clients and drops it; the next attach recovers
+ *   from the store). See takeover() for the protocol that relies on this, and "The log is a
+ *   chain" for why a stale writer cannot make a record visible even at a position garbage
+ *   collection freed.
  */
 
 import { strict as assert } from 'node:assert';
