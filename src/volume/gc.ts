@@ -68,6 +68,7 @@
  * objects GC may delete; removing a volume is the user's decision that nobody needs it.
  */
 
+import { systemWorld, type World } from '../clock.js';
 import { InvalidArgumentError, NotFoundError, errorMessage } from '../errors.js';
 import type { Logger } from '../log.js';
 import { listAll, type ByteRange, type ListOptions, type ObjectHead, type ObjectInfo, type ObjectStore} from '../store/object-store.js';
@@ -86,6 +87,8 @@ export interface GcOptions {
   dryRun?: boolean;
   /** M (defaults to maxOperationMs()); the grace must be at least 2M. */
   maxOperationMs?: number;
+  /** Time (src/clock.ts): the fixed point's waits run on it. */
+  world?: World;
   log?: Logger;
 }
 
@@ -124,8 +127,8 @@ class ReadTrackingStore implements ObjectStore {
 }
 
 /** The store's current time: GC compares the store's own lastModified stamps, never this host's clock. */
-async function storeNow(store: ObjectStore): Promise<number> {
-  await store.put(CLOCK_KEY, Buffer.from(new Date().toISOString()));
+async function storeNow(store: ObjectStore, world: World): Promise<number> {
+  await store.put(CLOCK_KEY, Buffer.from(world.wallTime().toISOString()));
   const h = await store.head(CLOCK_KEY);
   if (!h) throw new NotFoundError(`${CLOCK_KEY} vanished right after it was written: is the store read-after-write consistent?`);
   return h.lastModified.getTime();
@@ -138,7 +141,7 @@ async function storeNow(store: ObjectStore): Promise<number> {
  * GC lists the records again M/2 after its last load and computes any new ones, until a
  * listing brings nothing new (a fixed point).
  */
-async function referenceSet(catalog: StoreCatalog, maxOpMs: number, log: Logger | undefined): Promise<{ refs: Set<string>; records: number; writableIds: Set<string> }> {
+async function referenceSet(catalog: StoreCatalog, maxOpMs: number, log: Logger | undefined, world: World): Promise<{ refs: Set<string>; records: number; writableIds: Set<string> }> {
   const bounds = timeBounds(maxOpMs);
   const writableIds = new Set<string>();
   const store = catalog.store;
@@ -181,7 +184,7 @@ async function referenceSet(catalog: StoreCatalog, maxOpMs: number, log: Logger 
   for (let round = 0; ; round++) {
     if (round > 0) {
       log?.info({ waitMs: Math.round(bounds.fixedPointWaitMs) }, 'gc: waiting for forks and snapshots in creation');
-      await new Promise((r) => setTimeout(r, bounds.fixedPointWaitMs));
+      await new Promise<void>((r) => { world.setTimeout(r, bounds.fixedPointWaitMs); });
     }
     const fresh = (await catalog.allRecords()).filter((r) => !computed.has(r.id));
     if (fresh.length === 0 && round > 0) break;
@@ -206,15 +209,16 @@ export async function collectGarbage(catalog: StoreCatalog, opts: GcOptions = {}
     throw new InvalidArgumentError(`the GC grace period (${graceMs} ms) must be at least twice the longest operation (${m} ms, BATON_MAX_OPERATION_MS): a shorter one could delete data a fork in creation or a reader on another host still needs`);
   }
   const dryRun = opts.dryRun ?? false;
-  const now = await storeNow(store);
+  const world = opts.world ?? systemWorld;
+  const now = await storeNow(store, world);
   const cutoff = now - graceMs;
 
   // List first, then compute the maps: whatever a commit landed before the listing names is
   // then in the maps, and what lands after it is not in the listing, so not a candidate.
   const objects = await listAll(store, 'vol/');
-  const t0 = performance.now();
-  const { refs, records, writableIds } = await referenceSet(catalog, m, log);
-  log?.info({ records, referenced: refs.size, ms: Math.round(performance.now() - t0) }, 'gc: reference set computed');
+  const t0 = world.now();
+  const { refs, records, writableIds } = await referenceSet(catalog, m, log, world);
+  log?.info({ records, referenced: refs.size, ms: Math.round(world.now() - t0) }, 'gc: reference set computed');
 
   const newestLog = new Map<string, string>();
   for (const o of objects) {

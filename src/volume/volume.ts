@@ -28,12 +28,12 @@
  */
 
 import { strict as assert } from 'node:assert';
-import { randomBytes } from 'node:crypto';
 import type { BlockBackend, Extent, ZeroOptions } from '../../nbd/backend.js';
 import { NBD_STATE_HOLE, NBD_STATE_ZERO } from '../../nbd/constants.js';
 import { ExtentMap, type Piece } from '../../cow/extent-map.js';
 import type { BlockCache } from '../cache.js';
 import { BatonError, CorruptError, FencedError, LeaseLostError, NotFoundError, PreconditionFailedError, ReadOnlyError, ShutdownError, errorMessage } from '../errors.js';
+import { randomId, systemWorld, type TimerHandle, type World } from '../clock.js';
 import type { Logger } from '../log.js';
 import { PUT_ID_META } from '../store/decorators.js';
 import { listAll, type ObjectStore } from '../store/object-store.js';
@@ -116,6 +116,8 @@ export interface VolumeOptions {
   uploadConcurrency?: number;
   /** See maxOperationMs() in format.ts (GC's safety margin); defaults to it. */
   maxOperationMs?: number;
+  /** Time and randomness (src/clock.ts); the real ones by default, a simulated one in the simulator. */
+  world?: World;
 }
 
 export interface VolumeStats {
@@ -152,6 +154,7 @@ export class Volume implements BlockBackend {
   readonly size: number;
   readonly readOnly: boolean;
   private readonly store: ObjectStore;
+  private readonly world: World;
   private readonly blockCache: BlockCache;
   private readonly log: Logger;
   private readonly id: string;
@@ -204,6 +207,7 @@ export class Volume implements BlockBackend {
     this.blockCache = opts.cache;
     this.log = opts.log.child({ volume: record.name });
     this.token = opts.token ?? 0;
+    this.world = opts.world ?? systemWorld;
     this.segmentBytes = opts.segmentBytes ?? 8 * 1024 * 1024;
     this.softLimit = opts.dirtySoftLimit ?? 64 * 1024 * 1024;
     this.hardLimit = Math.max(opts.dirtyHardLimit ?? 256 * 1024 * 1024, this.softLimit + 32 * 1024 * 1024);
@@ -245,8 +249,8 @@ export class Volume implements BlockBackend {
    * newest (and the chain rejects it if an older one is ever tried).
    */
   private async recover(): Promise<void> {
-    const t0 = Date.now();
-    this.mapLoadedAt = performance.now();
+    const t0 = this.world.now();
+    this.mapLoadedAt = t0;
     let base = 'empty';
     let fromSeq = 0;
     // Newest checkpoint first. Only a definitely unusable one (corrupt, gone, or not followed
@@ -260,7 +264,7 @@ export class Volume implements BlockBackend {
       try {
         const replayed = await this.replayLog();
         this.lastCheckpointSeq = c.seq;
-        this.log.info({ seq: this.nextSeq - 1, checkpoint: c.seq, replayed, extents: this.committed.size, ms: Date.now() - t0 }, 'volume recovered');
+        this.log.info({ seq: this.nextSeq - 1, checkpoint: c.seq, replayed, extents: this.committed.size, ms: Math.round(this.world.now() - t0) }, 'volume recovered');
         return;
       } catch (err) {
         if (!(err instanceof ChainBrokenError) || err.seq !== c.seq + 1) throw err;
@@ -278,7 +282,7 @@ export class Volume implements BlockBackend {
     this.lastCheckpointSeq = fromSeq;
     this.nextSeq = fromSeq + 1;
     const replayed = await this.replayLog();
-    this.log.info({ seq: this.nextSeq - 1, checkpoint: 0, base, replayed, extents: this.committed.size, ms: Date.now() - t0 }, 'volume recovered');
+    this.log.info({ seq: this.nextSeq - 1, checkpoint: 0, base, replayed, extents: this.committed.size, ms: Math.round(this.world.now() - t0) }, 'volume recovered');
   }
 
   /** A checkpoint, or null if it is corrupt or gone (then an older one may be tried). */
@@ -444,8 +448,8 @@ export class Volume implements BlockBackend {
   private newHeader(kind: LogHeader['kind'], seq: number, token: number, segments: LogHeader['segments'], extents: RecordExtent[], inlineLength: number): LogHeader {
     assert(seq === this.nextSeq, `header for position ${seq} while the log is at ${this.nextSeq}`);
     return {
-      v: 2, kind, seq, volumeId: this.id, token, time: new Date().toISOString(), segments, extents, inlineLength,
-      id: randomBytes(12).toString('hex'), prev: this.lastRecordId ?? '',
+      v: 2, kind, seq, volumeId: this.id, token, time: this.world.wallTime().toISOString(), segments, extents, inlineLength,
+      id: randomId(this.world, 12), prev: this.lastRecordId ?? '',
     };
   }
 
@@ -466,7 +470,7 @@ export class Volume implements BlockBackend {
   private writeDeadline: (() => number) | null = null;
 
   private checkDeadline(): void {
-    if (this.writeDeadline && performance.now() >= this.writeDeadline()) {
+    if (this.writeDeadline && this.world.now() >= this.writeDeadline()) {
       this.fence('the lease could not be renewed in time');
       throw new LeaseLostError(`volume ${this.name}: this host's lease expired; writes are refused (reattach to serve it again)`);
     }
@@ -518,7 +522,7 @@ export class Volume implements BlockBackend {
   private async refreshIfStale(): Promise<void> {
     // A read that arrives during a refresh waits for it: the map in use is the stale one.
     if (this.refreshing) { await this.refreshing; return; }
-    if (performance.now() - this.mapLoadedAt <= this.viewMaxAgeMs) return;
+    if (this.world.now() - this.mapLoadedAt <= this.viewMaxAgeMs) return;
     this.refreshing = this.refresh().finally(() => { this.refreshing = null; });
     await this.refreshing;
   }
@@ -530,7 +534,7 @@ export class Volume implements BlockBackend {
    * half-loaded map.
    */
   async refresh(): Promise<void> {
-    const t0 = performance.now();
+    const t0 = this.world.now();
     try {
       await this.replayLog();
       this.mapLoadedAt = t0;
@@ -694,7 +698,7 @@ export class Volume implements BlockBackend {
    * client writes or flushes again, so retry with backoff (500 ms doubling to 30 s) while that
    * is so. An idle volume with nothing buffered never has a timer.
    */
-  private retryTimer: NodeJS.Timeout | null = null;
+  private retryTimer: TimerHandle | null = null;
   private retryDelayMs = 0;
 
   private scheduleRetry(): void {
@@ -702,13 +706,13 @@ export class Volume implements BlockBackend {
     if (this.writeWaiters.length === 0 && this.heldBytes < this.softLimit) return;
     this.retryDelayMs = Math.min(Math.max(this.retryDelayMs * 2, 500), 30_000);
     // Not unref'd: buffered data that must still land keeps the process alive.
-    this.retryTimer = setTimeout(() => { this.retryTimer = null; this.kickCommit(); }, this.retryDelayMs);
+    this.retryTimer = this.world.setTimeout(() => { this.retryTimer = null; this.kickCommit(); }, this.retryDelayMs);
   }
 
   private startCommit(): Promise<void> {
     const p = this.commit().then(
       () => { this.retryDelayMs = 0; },
-      (err: unknown) => { setImmediate(() => this.scheduleRetry()); throw err; },
+      (err: unknown) => { void this.world.yield().then(() => this.scheduleRetry()); throw err; },
     ).finally(() => {
       this.commitRunning = null;
       this.wakeWriters();
@@ -782,7 +786,7 @@ export class Volume implements BlockBackend {
    */
   private pack(layer: Sealed): CommitAttempt {
     const seq = this.nextSeq;
-    const nonce = randomBytes(4).toString('hex');
+    const nonce = randomId(this.world, 4);
     const extents: RecordExtent[] = [];
     const segments: CommitAttempt['segments'] = [];
     let parts: Buffer[] = [];
@@ -822,7 +826,7 @@ export class Volume implements BlockBackend {
   private async upload(a: CommitAttempt): Promise<void> {
     assert(a.state === 'packed');
     await mapLimit(a.segments, this.uploadConcurrency, async (s) => {
-      await new Promise((r) => setImmediate(r));
+      await this.world.yield();
       s.body = Buffer.concat(s.parts, s.size);
       await this.store.put(s.key, s.body);
     });
@@ -932,7 +936,7 @@ export class Volume implements BlockBackend {
     }
     const keysInOrder = [...objects.keys()];
     const cp: Checkpoint = {
-      v: 2, volumeId: this.id, seq, token: this.highestTokenSeen, time: new Date().toISOString(),
+      v: 2, volumeId: this.id, seq, token: this.highestTokenSeen, time: this.world.wallTime().toISOString(),
       objects: keysInOrder.map((k, i) => [k, sizes[i]!]), extents: ext,
       ...(this.lastRecordId !== undefined ? { lastId: this.lastRecordId } : {}),
     };
@@ -1053,7 +1057,7 @@ export class Volume implements BlockBackend {
     } finally {
       // Also when the final flush failed: no retry timer may outlive a closed volume.
       this.closed = true;
-      if (this.retryTimer) { clearTimeout(this.retryTimer); this.retryTimer = null; }
+      if (this.retryTimer) { this.world.clearTimeout(this.retryTimer); this.retryTimer = null; }
       this.wakeWriters();
       await this.checkpointing;
     }
