@@ -329,6 +329,8 @@ export class LocalLeaseManager implements LeaseManager {
       if (!(msLeft(f, this.#clock) > 0)) return { held: false, reason: 'the lease expired before it was renewed' };
       // Read after the renewal started (RenewingLease took performance.now() before calling
       // us), on the same CLOCK_MONOTONIC: the holder's new validUntil precedes this expiry.
+      delete f.bootId; // (a writer without a boot id must not keep a previous writer's)
+      delete f.monoExpiresAt;
       Object.assign(f, expiryIn(this.#ttlMs, this.#clock));
       f.pid = process.pid;
       if (status) f.status = status;
