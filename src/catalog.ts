@@ -5,11 +5,10 @@ import { BlockCache } from './cache.js';
 import { batonHome } from './config.js';
 import type { Logger } from './log.js';
 import { silentLogger } from './log.js';
-import { openStore, type OpenStoreOptions } from './store/open.js';
+import { openStore, parseStoreUrl, type OpenStoreOptions } from './store/open.js';
 import { StoreCatalog } from './volume/catalog.js';
 import type { VolumeOptions } from './volume/volume.js';
 import { FileCatalog, MemoryCatalog, type VolumeCatalog } from './volumes.js';
-import { InvalidArgumentError } from './errors.js';
 
 export interface CatalogOptions extends OpenStoreOptions {
   log?: Logger;
@@ -29,12 +28,10 @@ export function defaultCacheDir(): string {
  * FLUSH = fdatasync: durable on this disk only).
  */
 export function openCatalog(url: string, opts: CatalogOptions = {}): VolumeCatalog {
-  if (url === 'ram:') return new MemoryCatalog();
-  if (url.startsWith('raw:')) {
-    const dir = url.slice('raw:'.length);
-    if (!dir) throw new InvalidArgumentError('--store raw: needs a directory, for example raw:/var/lib/baton-raw');
-    return new FileCatalog(path.resolve(dir));
-  }
+  // One parser for every store URL (src/store/open.ts): `raw:~/x` means what `file:~/x` does.
+  const loc = parseStoreUrl(url);
+  if (loc.kind === 'ram') return new MemoryCatalog();
+  if (loc.kind === 'raw') return new FileCatalog(loc.dir);
   return openStoreCatalog(url, opts);
 }
 

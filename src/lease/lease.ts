@@ -44,7 +44,8 @@ export interface Lease {
   /**
    * Local monotonic deadline (performance.now() ms) before which this host may still
    * acknowledge writes: start of the last successful renewal + TTL - safety margin. Past it
-   * the holder must assume the lease is gone, whatever Redis says later.
+   * the holder must assume the lease is gone, whatever Redis says later. (performance.now()
+   * does not advance during a suspend: what that means is in redis.ts and clock.ts.)
    */
   validUntil(): number;
   /** Called once when the lease is lost (renewal failed past the deadline, or taken). */

@@ -13,11 +13,20 @@
  * stops acknowledging writes (validUntil) before anybody else can be granted the lease.
  *
  * Files, all in DIR:
- * - `<vol>.lease`: JSON {holder, token, pid, hostname, expiresAt (wall clock ms), reservedFor,
- *   handoffRequestedBy, handoffId, status}. Replaced atomically (write a temp file, rename).
- *   Free when missing, when expiresAt has passed, or when its holder process is dead (pid on
- *   this hostname that answers ESRCH). `holder: ''` with `reservedFor` is a reservation left
- *   by a graceful handoff: only that host may acquire until it expires.
+ * - `<vol>.lease`: JSON {holder, token, pid, hostname, bootId, monoExpiresAt, expiresAt,
+ *   reservedFor, handoffRequestedBy, handoffId, status}. Replaced atomically (write a temp
+ *   file, rename). Free when missing, when it has expired, or when its holder process is dead
+ *   (pid on this hostname that answers ESRCH). `holder: ''` with `reservedFor` is a
+ *   reservation left by a graceful handoff: only that host may acquire until it expires.
+ *   Expiry (msLeft) is on the clock the file and the reader share, never on a wall clock
+ *   that can step when a better one exists (clock.ts says what is assumed):
+ *   - same boot id as ours: `monoExpiresAt`, CLOCK_MONOTONIC ms (system-wide, never stepped);
+ *   - another boot id, our hostname: written before this machine rebooted: expired;
+ *   - no boot id (a file from an older baton, or a system without /proc), or another machine
+ *     sharing the directory: `expiresAt`, wall-clock ms, as before (a forward wall-clock
+ *     step expires such a lease early; the store still fences). Every writer keeps writing
+ *     `expiresAt` too, so an older baton on this machine still reads the files as it did.
+ *   An unreadable file is treated as free, as before (with a warning in the log).
  * - `<vol>.token`: the last token handed out; only grows.
  * - `<vol>.lock`: a short mutex (created with O_EXCL) held while reading and replacing the two
  *   files above. A lock whose process is dead or that is older than `lockStaleMs` is broken.
@@ -35,6 +44,7 @@ import { performance } from 'node:perf_hooks';
 import { InvalidArgumentError, LeaseHeldError, StoreUnavailableError, errorMessage } from '../errors.js';
 import { silentLogger, type Logger } from '../log.js';
 import { checkVolumeName } from '../volumes.js';
+import { systemClock, type LeaseClock } from './clock.js';
 import type { AcquireOptions, Lease, LeaseManager, LeaseRecord, LeaseStatus } from './lease.js';
 
 import {
@@ -52,6 +62,8 @@ export interface LocalLeaseOptions {
   lockStaleMs?: number;
   /** How often a waiting acquire re-checks when no file event wakes it (default 100 ms). */
   pollMs?: number;
+  /** Test hook: the clocks (default systemClock; see clock.ts). */
+  clock?: LeaseClock;
 }
 
 interface LeaseFile {
@@ -59,7 +71,11 @@ interface LeaseFile {
   token: number;
   pid: number;
   hostname: string;
+  /** Wall-clock ms (Date.now()); judged only when no monotonic expiry applies (msLeft). */
   expiresAt: number;
+  /** The boot the writer ran in, and its CLOCK_MONOTONIC expiry (ms); both or neither. */
+  bootId?: string;
+  monoExpiresAt?: number;
   reservedFor?: string;
   handoffRequestedBy?: string;
   handoffId?: string;
@@ -78,10 +94,26 @@ function pidAlive(pid: number): boolean {
   }
 }
 
+/** Milliseconds until `f` expires (<= 0: expired), on the best clock it shares with us (see the header). */
+function msLeft(f: LeaseFile, clock: LeaseClock): number {
+  if (f.bootId !== undefined && f.monoExpiresAt !== undefined && clock.bootId !== null) {
+    if (f.bootId === clock.bootId) return f.monoExpiresAt - clock.monoMs();
+    // Our hostname, another boot: this machine rebooted since, and the holder with it.
+    if (f.hostname === HOSTNAME) return -Infinity;
+  }
+  return f.expiresAt - clock.wallMs();
+}
+
+/** The expiry fields of a file written now for `ttlMs`: monotonic with our boot id, and wall for the rest. */
+function expiryIn(ttlMs: number, clock: LeaseClock): Pick<LeaseFile, 'expiresAt' | 'bootId' | 'monoExpiresAt'> {
+  const wall = clock.wallMs() + ttlMs;
+  return clock.bootId === null ? { expiresAt: wall } : { expiresAt: wall, bootId: clock.bootId, monoExpiresAt: clock.monoMs() + ttlMs };
+}
+
 type Liveness = 'free' | 'held' | 'reserved';
 
-function liveness(f: LeaseFile | null, now: number): Liveness {
-  if (!f || !(f.expiresAt > now)) return 'free';
+function liveness(f: LeaseFile | null, clock: LeaseClock): Liveness {
+  if (!f || !(msLeft(f, clock) > 0)) return 'free';
   if (f.holder === '') return f.reservedFor ? 'reserved' : 'free';
   // A pid means something only on the machine that wrote it (the directory may be shared).
   if (f.hostname === HOSTNAME && Number.isSafeInteger(f.pid) && f.pid > 0 && !pidAlive(f.pid)) return 'free';
@@ -101,6 +133,11 @@ function parseLeaseFile(text: string): LeaseFile | null {
     hostname: typeof r.hostname === 'string' ? r.hostname : '',
     expiresAt: r.expiresAt,
   };
+  // Both or neither: a boot id without a monotonic expiry (or the reverse) is read as an old-format file.
+  if (typeof r.bootId === 'string' && r.bootId && typeof r.monoExpiresAt === 'number' && Number.isFinite(r.monoExpiresAt)) {
+    f.bootId = r.bootId;
+    f.monoExpiresAt = r.monoExpiresAt;
+  }
   if (typeof r.reservedFor === 'string' && r.reservedFor) f.reservedFor = r.reservedFor;
   if (typeof r.handoffRequestedBy === 'string' && r.handoffRequestedBy) f.handoffRequestedBy = r.handoffRequestedBy;
   if (typeof r.handoffId === 'string' && r.handoffId) f.handoffId = r.handoffId;
@@ -109,8 +146,8 @@ function parseLeaseFile(text: string): LeaseFile | null {
   return f;
 }
 
-function toRecord(volume: string, f: LeaseFile, now: number): LeaseRecord {
-  const rec: LeaseRecord = { volume, holder: f.holder, token: f.token, ttlMs: Math.max(0, f.expiresAt - now) };
+function toRecord(volume: string, f: LeaseFile, clock: LeaseClock): LeaseRecord {
+  const rec: LeaseRecord = { volume, holder: f.holder, token: f.token, ttlMs: Math.max(0, msLeft(f, clock)) };
   if (f.reservedFor) rec.reservedFor = f.reservedFor;
   if (f.handoffRequestedBy) rec.handoffRequestedBy = f.handoffRequestedBy;
   if (f.status) rec.status = f.status;
@@ -159,6 +196,7 @@ export class LocalLeaseManager implements LeaseManager {
   readonly #log: Logger;
   readonly #lockStaleMs: number;
   readonly #pollMs: number;
+  readonly #clock: LeaseClock;
   readonly #leases = new Set<LocalLease>();
   /** Listeners for file events in DIR, by file name. */
   readonly #listeners = new Map<string, Set<() => void>>();
@@ -174,6 +212,7 @@ export class LocalLeaseManager implements LeaseManager {
     this.#log = opts.log ?? silentLogger();
     this.#lockStaleMs = opts.lockStaleMs ?? 3000;
     this.#pollMs = opts.pollMs ?? 100;
+    this.#clock = opts.clock ?? systemClock;
   }
 
   async acquire(volume: string, holder: string, options: AcquireOptions = {}): Promise<Lease> {
@@ -197,8 +236,7 @@ export class LocalLeaseManager implements LeaseManager {
   async inspect(volume: string): Promise<LeaseRecord | null> {
     checkVolumeName(volume);
     const f = await this._read(volume);
-    const now = Date.now();
-    return liveness(f, now) === 'free' || !f ? null : toRecord(volume, f, now);
+    return liveness(f, this.#clock) === 'free' || !f ? null : toRecord(volume, f, this.#clock);
   }
 
   async list(): Promise<LeaseRecord[]> {
@@ -229,7 +267,7 @@ export class LocalLeaseManager implements LeaseManager {
     await this.#ensureDir();
     await this.#withLock(volume, async () => {
       const f = await this._read(volume);
-      const st = liveness(f, Date.now());
+      const st = liveness(f, this.#clock);
       if (st !== 'held' || !f) throw nobodyHoldsError(volume, to, st === 'reserved' ? f?.reservedFor : undefined);
       if (f.holder === to) throw alreadyHolderError(volume, to);
       f.handoffRequestedBy = to;
@@ -238,12 +276,24 @@ export class LocalLeaseManager implements LeaseManager {
     });
   }
 
+  /**
+   * Remove the lease file under the lock, whatever it holds: a live holder (its next renewal,
+   * or at once its fs.watch peek, finds the file gone and fires onLost), a reservation left by
+   * a handoff, or an expired file. `<vol>.token` stays, raised to the file's token if it was
+   * ever below it, so the next acquire's token is above every token handed out. True only if
+   * a live holder held it.
+   */
   async revoke(volume: string): Promise<boolean> {
+    checkVolumeName(volume);
+    this.#checkOpen();
+    await this.#ensureDir();
     return this.#withLock(volume, async () => {
       const f = await this._read(volume);
+      const held = liveness(f, this.#clock) === 'held';
+      if (f && (await this.#readCounter(volume)) < f.token) await this.#write(this.#tokenPath(volume), `${f.token}\n`);
       const file = this.#leasePath(volume);
       await fsp.unlink(file).catch((err: NodeJS.ErrnoException) => { if (err.code !== 'ENOENT') throw ioError(`cannot remove ${file}`, err); });
-      return !!f && f.holder !== '';
+      return held;
     });
   }
 
@@ -274,11 +324,14 @@ export class LocalLeaseManager implements LeaseManager {
   /** @internal */
   async _renew(lease: LocalLease, status: LeaseStatus | undefined): Promise<RenewResult> {
     return this.#withLock(lease.volume, async () => {
-      const now = Date.now();
       const f = await this._read(lease.volume);
       if (!f || f.holder !== lease.holder || f.token !== lease.token) return { held: false, reason: takenReason(f) };
-      if (!(f.expiresAt > now)) return { held: false, reason: 'the lease expired before it was renewed' };
-      f.expiresAt = now + this.#ttlMs;
+      if (!(msLeft(f, this.#clock) > 0)) return { held: false, reason: 'the lease expired before it was renewed' };
+      // Read after the renewal started (RenewingLease took performance.now() before calling
+      // us), on the same CLOCK_MONOTONIC: the holder's new validUntil precedes this expiry.
+      delete f.bootId; // (a writer without a boot id must not keep a previous writer's)
+      delete f.monoExpiresAt;
+      Object.assign(f, expiryIn(this.#ttlMs, this.#clock));
       f.pid = process.pid;
       if (status) f.status = status;
       await this.#write(this.#leasePath(lease.volume), JSON.stringify(f));
@@ -290,14 +343,14 @@ export class LocalLeaseManager implements LeaseManager {
   async _release(lease: LocalLease, to: string | undefined): Promise<boolean> {
     return this.#withLock(lease.volume, async () => {
       const f = await this._read(lease.volume);
-      if (!f || f.holder !== lease.holder || f.token !== lease.token || !(f.expiresAt > Date.now())) return false;
+      if (!f || f.holder !== lease.holder || f.token !== lease.token || !(msLeft(f, this.#clock) > 0)) return false;
       const file = this.#leasePath(lease.volume);
       if (to === undefined) {
         await fsp.unlink(file).catch((err: NodeJS.ErrnoException) => { if (err.code !== 'ENOENT') throw ioError(`cannot remove ${file}`, err); });
         return true;
       }
       // Keep the token (for `baton status`), free the holder, and reserve for `to` for one TTL.
-      const r: LeaseFile = { holder: '', token: f.token, pid: process.pid, hostname: HOSTNAME, expiresAt: Date.now() + this.#ttlMs, reservedFor: to };
+      const r: LeaseFile = { holder: '', token: f.token, pid: process.pid, hostname: HOSTNAME, ...expiryIn(this.#ttlMs, this.#clock), reservedFor: to };
       if (f.status) r.status = f.status;
       await this.#write(file, JSON.stringify(r));
       return true;
@@ -308,18 +361,18 @@ export class LocalLeaseManager implements LeaseManager {
 
   async #tryAcquire(volume: string, holder: string, minToken: number): Promise<LocalLease> {
     return this.#withLock(volume, async () => {
-      // Taken before expiresAt is computed: our deadline can only be earlier than theirs.
+      // Taken before the file's expiry is computed, on the same CLOCK_MONOTONIC (clock.ts):
+      // our deadline can only be earlier than what the file says.
       const startedAt = performance.now();
-      const now = Date.now();
       const f = await this._read(volume);
-      const st = liveness(f, now);
-      if (f && st === 'held') throw heldError(volume, f.holder, f.token, f.expiresAt - now, holder);
-      if (f && st === 'reserved' && f.reservedFor !== holder) throw reservedError(volume, f.reservedFor ?? '', f.expiresAt - now);
+      const st = liveness(f, this.#clock);
+      if (f && st === 'held') throw heldError(volume, f.holder, f.token, msLeft(f, this.#clock), holder);
+      if (f && st === 'reserved' && f.reservedFor !== holder) throw reservedError(volume, f.reservedFor ?? '', msLeft(f, this.#clock));
       // Tokens only grow: above the counter, above any token still in the lease file, and
       // above what the caller saw in the store's log.
       const token = Math.max(await this.#readCounter(volume), f?.token ?? 0, minToken) + 1;
       await this.#write(this.#tokenPath(volume), `${token}\n`);
-      const rec: LeaseFile = { holder, token, pid: process.pid, hostname: HOSTNAME, expiresAt: now + this.#ttlMs };
+      const rec: LeaseFile = { holder, token, pid: process.pid, hostname: HOSTNAME, ...expiryIn(this.#ttlMs, this.#clock) };
       await this.#write(this.#leasePath(volume), JSON.stringify(rec));
       const lease: LocalLease = new LocalLease(this, {
         volume, holder, token, ttlMs: this.#ttlMs, startedAt, renew: this.#renew, log: this.#log,
@@ -368,7 +421,9 @@ export class LocalLeaseManager implements LeaseManager {
     for (let attempt = 0; ; attempt++) {
       try {
         const fh = await fsp.open(lock, 'wx');
-        try { await fh.writeFile(JSON.stringify({ pid: process.pid, hostname: HOSTNAME })); } finally { await fh.close(); }
+        // `at` (CLOCK_MONOTONIC ms, with the boot id) dates the lock on a clock that cannot step.
+        const info = { pid: process.pid, hostname: HOSTNAME, ...(this.#clock.bootId !== null ? { bootId: this.#clock.bootId, at: this.#clock.monoMs() } : {}) };
+        try { await fh.writeFile(JSON.stringify(info)); } finally { await fh.close(); }
         break;
       } catch (err) {
         if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw ioError(`cannot create ${lock}`, err);
@@ -389,14 +444,14 @@ export class LocalLeaseManager implements LeaseManager {
   async #breakIfStale(lock: string): Promise<void> {
     let st: fs.Stats;
     try { st = await fsp.stat(lock); } catch { return; }
-    const age = Date.now() - st.mtimeMs;
-    let dead = false;
-    if (age > 50) {
-      try {
-        const o = JSON.parse(await fsp.readFile(lock, 'utf8')) as { pid?: unknown; hostname?: unknown };
-        dead = o.hostname === HOSTNAME && typeof o.pid === 'number' && !pidAlive(o.pid);
-      } catch { /* empty or being written: judge by age */ }
-    }
+    const o = await readLockInfo(lock);
+    // The age on the monotonic clock when the lock says when (in our boot) it was taken: a
+    // wall-clock step must not make a lock held for a few ms look abandoned, or two processes
+    // would run the critical section (and hand out one token twice). Else by its mtime, on
+    // the wall clock, as before (an older baton's lock, or one still being written).
+    const mono = o !== null && this.#clock.bootId !== null && o.bootId === this.#clock.bootId && typeof o.at === 'number';
+    const age = mono ? this.#clock.monoMs() - (o.at as number) : this.#clock.wallMs() - st.mtimeMs;
+    const dead = age > 50 && o !== null && o.hostname === HOSTNAME && typeof o.pid === 'number' && !pidAlive(o.pid);
     if (!dead && age < this.#lockStaleMs) return;
     const aside = `${lock}.${process.pid}.${randomBytes(4).toString('hex')}.stale`;
     try { await fsp.rename(lock, aside); } catch { return; }
@@ -470,8 +525,20 @@ export class LocalLeaseManager implements LeaseManager {
   #tokenPath(volume: string): string { return path.join(this.dir, `${volume}.token`); }
 }
 
+interface LockInfo { pid?: unknown; hostname?: unknown; bootId?: unknown; at?: unknown }
+
+/** What a `.lock` says about its taker; null if it is empty, being written, or gone. */
+async function readLockInfo(lock: string): Promise<LockInfo | null> {
+  try {
+    const o: unknown = JSON.parse(await fsp.readFile(lock, 'utf8'));
+    return o && typeof o === 'object' ? (o as LockInfo) : null;
+  } catch {
+    return null;
+  }
+}
+
 function takenReason(f: LeaseFile | null): string {
-  if (!f) return 'the lease file is gone (released or expired and cleaned up)';
+  if (!f) return 'the lease file is gone (revoked by `baton rm --force`, or removed by hand)';
   if (f.holder === '') return `the lease was released${f.reservedFor ? ` for ${f.reservedFor}` : ''}`;
   return `${f.holder} holds it now (token ${f.token})`;
 }

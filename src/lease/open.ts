@@ -10,6 +10,7 @@ import { createHash } from 'node:crypto';
 import * as path from 'node:path';
 import { batonHome } from '../config.js';
 import type { Logger } from '../log.js';
+import { parseStoreUrl, storeLocationKey } from '../store/open.js';
 import type { LeaseManager } from './lease.js';
 
 export interface LeaseManagerOptions {
@@ -19,14 +20,20 @@ export interface LeaseManagerOptions {
   log?: Logger;
 }
 
+/**
+ * The lease directory of a store. Derived from parseStoreUrl, the parser the store itself
+ * uses, never by parsing the URL again: every spelling of one store (`file:~/s` from any
+ * working directory, `file:///abs`, `file://localhost/abs`, %-escapes) must reach the same
+ * lease files, or two processes hold one volume with one token. For `file:DIR` the files live
+ * inside DIR (so even two paths to DIR through symlinks meet there); for any other store, in
+ * one directory per store under $BATON_HOME/leases, named after the store's canonical key (so
+ * equal volume names in two buckets do not share a lease). Throws InvalidArgumentError for a
+ * URL that names no store.
+ */
 export function localLeaseDir(storeUrl: string): string {
-  if (storeUrl.startsWith('file:')) {
-    let dir = storeUrl.slice('file:'.length);
-    if (dir.startsWith('//')) dir = dir.slice(2);
-    return path.join(path.resolve(dir), '.leases');
-  }
-  // One directory per store, so equal volume names in two buckets do not share a lease.
-  return path.join(batonHome(), 'leases', createHash('sha256').update(storeUrl).digest('hex').slice(0, 16));
+  const loc = parseStoreUrl(storeUrl);
+  if (loc.kind === 'file') return path.join(loc.dir, '.leases');
+  return path.resolve(batonHome(), 'leases', createHash('sha256').update(storeLocationKey(loc)).digest('hex').slice(0, 16));
 }
 
 export async function openLeaseManager(o: LeaseManagerOptions): Promise<LeaseManager> {
@@ -35,5 +42,5 @@ export async function openLeaseManager(o: LeaseManagerOptions): Promise<LeaseMan
     return openRedisLeaseManager(o.redis, { ttlMs: o.ttlMs, ...(o.log ? { log: o.log } : {}) });
   }
   const { LocalLeaseManager } = await import('./local.js');
-  return new LocalLeaseManager(localLeaseDir(o.storeUrl), { ttlMs: o.ttlMs });
+  return new LocalLeaseManager(localLeaseDir(o.storeUrl), { ttlMs: o.ttlMs, ...(o.log ? { log: o.log } : {}) });
 }

@@ -24,10 +24,37 @@
  *
  * Handoff notification: requestHandoff sets handoffRequestedBy on the lease and PUBLISHes on
  * `baton:handoff:{VOL}` in the same script. A holder subscribes to that channel (on a separate
- * connection, open while this manager holds or waits for any lease) and reacts in
- * milliseconds; the next renewal also returns the request, so a lost message delays a
- * handoff by at most ttl/3. Callbacks fire once per request id. Releases publish on the same
- * channel, which wakes acquirers that wait.
+ * connection, open while this manager holds or waits for any lease). A message is only a
+ * doorbell: anyone who can PUBLISH can send one, with any `to` and the token `baton status`
+ * shows, and nothing checks it. So the holder never acts on what a message says; it runs a
+ * renewal at once, and acts on the handoff request the RENEW script reads from the lease
+ * record, which only REQUEST_HANDOFF writes, after its checks (someone holds the lease, and
+ * it is not `to`). That costs one round trip per request and stays within milliseconds;
+ * the scheduled renewals return the same request, so a lost message delays a handoff by at
+ * most ttl/3. Callbacks fire once per request id. Releases publish on the same channel,
+ * which wakes acquirers that wait; a revoke publishes too, so its holder re-checks at once.
+ *
+ * Clocks. The lease's expiry in Redis is the key's PX TTL, measured by the Redis server's
+ * clock; the holder's validUntil is measured on its own performance.now() (CLOCK_MONOTONIC),
+ * from before the renewal was sent. The margin (renewing.ts) covers rate differences between
+ * the two, not jumps. Assumed, and what breaking it means:
+ * - Redis stores a key's expiry as an absolute Unix time (see PEXPIRETIME) and compares it
+ *   with its own wall clock. A forward step of the Redis host's clock expires leases early:
+ *   another host may be granted a volume while its holder still acknowledges writes. Keep
+ *   that host's clock slewed, never stepped (chrony: makestep only at start; ntpd: -x), as for any
+ *   Redis lock.
+ * - performance.now() does not advance while the holder's machine is suspended (or its VM
+ *   paused), but Redis's clock does: after a suspend longer than the time left, the holder
+ *   wakes up believing it holds a lease that expired, and another host may hold it, until
+ *   its next renewal (due at once: the timers fired late) says otherwise and fires onLost.
+ *   The same holds for a process paused by SIGSTOP or a long GC pause.
+ * In both cases two hosts briefly both believe they hold the volume, and data stays safe for
+ * the reason given above: the new holder committed a takeover record under a higher token at
+ * the next log position before it acknowledged anything, so the old holder's next commit
+ * (a create-only put of a position that is taken) fails and fences it; what the old holder
+ * acknowledged before that is in the log, before the takeover. What is lost is only the
+ * politeness: the old holder does not stop before the new one starts, and its clients can
+ * read its last view of the volume until it is fenced.
  */
 
 import { randomUUID } from 'node:crypto';
@@ -52,6 +79,7 @@ declare module 'ioredis' {
     batonLeaseRelease(lease: string, holder: string, token: string, to: string, reserveMs: number, channel: string): Result<number, Context>;
     batonLeaseRequestHandoff(lease: string, to: string, id: string, channel: string): Result<unknown[], Context>;
     batonLeaseInspect(lease: string): Result<unknown[], Context>;
+    batonLeaseRevoke(lease: string, counter: string, channel: string): Result<number, Context>;
   }
 }
 
@@ -130,12 +158,33 @@ h[#h + 1] = tostring(redis.call('PTTL', KEYS[1]))
 return h
 `;
 
+/**
+ * KEYS: lease, counter. ARGV: channel. -> 1 (a host held it) | 0 (free, or only reserved)
+ * Deletes the lease (a holder, or the reservation a handoff left) and keeps the counter,
+ * raised to the deleted token if it was ever below it (only grow: the next ACQUIRE INCRs
+ * past every token handed out). Both keys carry the `{VOL}` hash tag: one Cluster slot. The
+ * PUBLISH makes the holder re-check at once (its renewal then finds the lease gone).
+ */
+const REVOKE = `
+local cur = redis.call('HMGET', KEYS[1], 'holder', 'token')
+if not cur[2] then return 0 end
+local token = tonumber(cur[2]) or 0
+if token > (tonumber(redis.call('GET', KEYS[2]) or '0') or 0) then
+  redis.call('SET', KEYS[2], string.format('%d', token))
+end
+redis.call('DEL', KEYS[1])
+redis.call('PUBLISH', ARGV[1], cjson.encode({type = 'revoked', token = cur[2]}))
+if cur[1] and cur[1] ~= '' then return 1 end
+return 0
+`;
+
 const LEASE_SCRIPTS = {
   batonLeaseAcquire: { numberOfKeys: 2, lua: ACQUIRE },
   batonLeaseRenew: { numberOfKeys: 1, lua: RENEW },
   batonLeaseRelease: { numberOfKeys: 1, lua: RELEASE },
   batonLeaseRequestHandoff: { numberOfKeys: 1, lua: REQUEST_HANDOFF },
   batonLeaseInspect: { numberOfKeys: 1, lua: INSPECT },
+  batonLeaseRevoke: { numberOfKeys: 2, lua: REVOKE },
 };
 
 const leaseKey = (vol: string): string => `baton:lease:{${vol}}`;
@@ -452,7 +501,7 @@ class RedisLease extends RenewingLease {
       leaseKey(this.volume), this.holder, String(this.token), this.ttlMs, status ? JSON.stringify(status) : ''));
     if (Number(r[0]) !== 1) {
       const holder = str(r[1]);
-      return { held: false, reason: holder ? `${holder} holds it now (token ${str(r[2])})` : 'the lease expired in Redis before it was renewed (or Redis lost it)' };
+      return { held: false, reason: holder ? `${holder} holds it now (token ${str(r[2])})` : 'the lease is gone from Redis: it expired before it was renewed, was revoked (`baton rm --force`), or Redis lost it' };
     }
     const to = str(r[1]);
     const id = str(r[2]);
@@ -465,11 +514,33 @@ class RedisLease extends RenewingLease {
     return Number(r) === 1;
   }
 
-  /** A message on the volume's channel. */
+  #recheckWanted = false;
+  #rechecking = false;
+
+  /**
+   * A message on the volume's channel: a doorbell, never an instruction (see the header).
+   * Anyone can PUBLISH, so what it says (`to`, `id`) is not used; a renewal re-reads the
+   * lease record and acts on the handoff request recorded there (RenewingLease.noticeHandoff)
+   * or finds the lease gone (revoked, taken) and fires onLost. The token filter only saves
+   * round trips for messages about other leases of the volume; it is no check (the token is
+   * public). At most one re-check runs, plus one queued behind it for messages that arrive
+   * meanwhile: a flood of messages costs one renewal at a time, not one per message.
+   */
   message(msg: Record<string, unknown>): void {
-    if (msg.type === 'handoff' && str(msg.token) === String(this.token) && typeof msg.to === 'string' && typeof msg.id === 'string') {
-      this.noticeHandoff(msg.to, msg.id);
-    }
+    if ((msg.type !== 'handoff' && msg.type !== 'revoked') || str(msg.token) !== String(this.token)) return;
+    this.#recheckWanted = true;
+    if (this.#rechecking) return;
+    this.#rechecking = true;
+    void (async () => {
+      try {
+        while (this.#recheckWanted && this.held) {
+          this.#recheckWanted = false;
+          await this.renewNow();
+        }
+      } finally {
+        this.#rechecking = false;
+      }
+    })();
   }
 }
 
@@ -603,9 +674,10 @@ export class RedisLeaseManager implements LeaseManager {
   }
 
   async revoke(volume: string): Promise<boolean> {
-    const held = await this.inspect(volume);
-    await this._run(() => this.client.del(leaseKey(volume)));
-    return !!held && held.holder !== '';
+    checkVolumeName(volume);
+    this.#checkOpen();
+    const r = await this._run(() => this.client.batonLeaseRevoke(leaseKey(volume), counterKey(volume), channelOf(volume)));
+    return Number(r) === 1;
   }
 
   async close(): Promise<void> {

@@ -133,6 +133,12 @@ export interface RenewingLeaseArgs {
  * must assume the lease is gone whatever the store says later. A renewal that finds another
  * holder or token fires onLost at once. None of this is needed for data safety (the store
  * fences), only so that a well-behaved old holder stops before the new one starts.
+ *
+ * Clocks: performance.now() is CLOCK_MONOTONIC (never stepped; stops during a suspend). For
+ * lease files the expiry is written on that same clock (clock.ts), so the holder stops before
+ * the file expires even across wall-clock steps and suspends. For Redis the expiry runs on
+ * the Redis server's clock, which keeps running while this machine is suspended: what that
+ * means, and why the store's fence still holds, is in redis.ts.
  */
 export abstract class RenewingLease implements Lease {
   readonly volume: string;
@@ -248,7 +254,8 @@ export abstract class RenewingLease implements Lease {
 
   /** A handoff request seen by a renewal or a fast path; fires the callbacks once per request id. */
   protected noticeHandoff(to: string, id: string): void {
-    if (this.#state !== 'held' || id === this.#handoffId) return;
+    // A handoff "to" ourselves is no handoff (REQUEST_HANDOFF and requestHandoff refuse it).
+    if (this.#state !== 'held' || id === this.#handoffId || to === this.holder) return;
     this.#handoffId = id;
     this.#handoffTo = to;
     this.log.info({ volume: this.volume, token: this.token, to }, 'handoff requested');

@@ -1,9 +1,12 @@
 /**
- * openStore: turns a `--store` URL into an ObjectStore.
+ * openStore: turns a `--store` URL into an ObjectStore; parseStoreUrl: the one parser of
+ * `--store` URLs, for everything that derives a location from one (the store itself, the
+ * local lease directory, the plain backends in src/catalog.ts).
  *
  *   file:DIR, file:///abs/dir   LocalDirObjectStore (the embedded default)
  *   s3://bucket[/prefix]        S3ObjectStore wrapped in RetryingObjectStore
  *   memory:                     MemoryObjectStore (tests; nothing survives the process)
+ *   ram:, raw:DIR               plain backends without the engine (src/catalog.ts), not object stores
  *
  * Only S3 is wrapped in the retrying decorator: local-dir errors are not transient (a full
  * disk does not fix itself in 2 s), and retrying them would only delay the message.
@@ -50,7 +53,9 @@ export function faultsFromEnv(env: NodeJS.ProcessEnv = process.env): FaultOption
   }
 }
 
-const USAGE = '--store must be file:DIR or s3://bucket[/prefix]';
+/** Every accepted form, for messages (the plain backends too: a user who typed `ram` means one). */
+export const STORE_URL_FORMS = 'file:DIR or s3://bucket[/prefix], or memory:, ram: or raw:DIR';
+const USAGE = `--store must be ${STORE_URL_FORMS}`;
 // S3 bucket naming rules (lower-case, 3-63, no leading/trailing dot or dash).
 const BUCKET = /^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$/;
 
@@ -64,19 +69,11 @@ export function openStore(url: string, opts: OpenStoreOptions = {}): ObjectStore
 }
 
 function openPlainStore(url: string, opts: OpenStoreOptions): ObjectStore {
-  if (url === 'memory:' || url === 'memory://') return new MemoryObjectStore();
-  if (url.startsWith('file:')) return new LocalDirObjectStore(parseFileUrl(url));
-  if (url.startsWith('s3://')) {
-    const rest = url.slice('s3://'.length);
-    const slash = rest.indexOf('/');
-    const bucket = slash < 0 ? rest : rest.slice(0, slash);
-    const prefix = slash < 0 ? '' : rest.slice(slash + 1);
-    if (!BUCKET.test(bucket) || bucket.includes('..')) {
-      throw new InvalidArgumentError(`--store ${url}: "${bucket}" is not a valid S3 bucket name (3-63 characters of a-z 0-9 . -); ${USAGE}`);
-    }
-    if (prefix.split('/').some((s, i, a) => (s === '' && i < a.length - 1) || s === '.' || s === '..')) {
-      throw new InvalidArgumentError(`--store ${url}: the prefix "${prefix}" has an empty, "." or ".." segment; ${USAGE}`);
-    }
+  const loc = parseStoreUrl(url);
+  if (loc.kind === 'memory') return new MemoryObjectStore();
+  if (loc.kind === 'file') return new LocalDirObjectStore(loc.dir);
+  if (loc.kind === 's3') {
+    const { bucket, prefix } = loc;
     const endpoint = opts.endpoint ?? (process.env.BATON_S3_ENDPOINT || undefined);
     if (endpoint !== undefined && !/^https?:\/\/[^/]+/.test(endpoint)) {
       throw new InvalidArgumentError(`--endpoint ${endpoint}: must be an http:// or https:// URL, e.g. http://127.0.0.1:9000`);
@@ -89,28 +86,96 @@ function openPlainStore(url: string, opts: OpenStoreOptions): ObjectStore {
       ...(opts.credentials !== undefined ? { credentials: opts.credentials } : {}),
       ...(opts.maxSockets !== undefined ? { maxSockets: opts.maxSockets } : {}),
     };
-    // Same as S3ObjectStore's own (normalizePrefix), without loading the SDK to compute it.
-    const description = `s3://${bucket}/${prefix === '' || prefix.endsWith('/') ? prefix : prefix + '/'}`;
-    return new RetryingObjectStore(new LazyObjectStore(description, async () => new (await import('./s3.js')).S3ObjectStore(s3opts)), opts.retry);
+    return new RetryingObjectStore(new LazyObjectStore(loc.description, async () => new (await import('./s3.js')).S3ObjectStore(s3opts)), opts.retry);
   }
-  throw new InvalidArgumentError(`--store ${JSON.stringify(url)}: unknown kind of store; ${USAGE}`);
+  throw new InvalidArgumentError(`--store ${url}: ${loc.kind}: is a plain backend without the object-store engine (no forks, snapshots, leases or GC); use file:DIR, s3://bucket[/prefix] or memory: here`);
 }
 
-function parseFileUrl(url: string): string {
-  let path: string;
-  if (url.startsWith('file://')) {
-    // file:///abs (empty host) or file://localhost/abs; any other host is not on this machine.
-    const rest = url.slice('file://'.length);
+// ------------------------------------------------------------------ parsing `--store` URLs
+
+/** Where a `--store` URL points: what parseStoreUrl returns. Paths are absolute. */
+export type StoreLocation =
+  | { kind: 'file'; dir: string }
+  /** `prefix` as given (validated); `description` is `s3://bucket/` + the prefix normalized to end in `/`. */
+  | { kind: 's3'; bucket: string; prefix: string; description: string }
+  | { kind: 'memory' }
+  | { kind: 'ram' }
+  | { kind: 'raw'; dir: string };
+
+/**
+ * The one parser of `--store` URLs. Everything that derives a location from a store URL goes
+ * through it (the store, the local lease directory next to it, `raw:`), so that two spellings
+ * of one store (`file:~/s`, `file:/home/me/s`, `file:///home/me/s`, `file://localhost/home/me/s`,
+ * a relative path from any working directory) always mean one directory: a lease directory
+ * derived by other rules let two processes hold one volume with one token.
+ *
+ * `file:PATH` and `raw:PATH` take PATH as a path (relative to the working directory, `~` and
+ * `~/...` expanded to the home directory, not %-decoded: what the store has always done);
+ * `file://[localhost]/ABS` is a file URL and is %-decoded. Throws InvalidArgumentError naming
+ * every accepted form.
+ */
+export function parseStoreUrl(url: string): StoreLocation {
+  if (url === 'memory:' || url === 'memory://') return { kind: 'memory' };
+  if (url === 'ram:' || url === 'ram://') return { kind: 'ram' };
+  if (url.startsWith('file:')) return { kind: 'file', dir: parseLocalPath(url, 'file:') };
+  if (url.startsWith('raw:')) return { kind: 'raw', dir: parseLocalPath(url, 'raw:') };
+  if (url.startsWith('s3://')) {
+    const rest = url.slice('s3://'.length);
     const slash = rest.indexOf('/');
-    const host = slash < 0 ? rest : rest.slice(0, slash);
-    if (host !== '' && host !== 'localhost') {
-      throw new InvalidArgumentError(`--store ${url}: file URLs cannot name another host ("${host}"); use file:///abs/path or file:DIR`);
+    const bucket = slash < 0 ? rest : rest.slice(0, slash);
+    const prefix = slash < 0 ? '' : rest.slice(slash + 1);
+    if (!BUCKET.test(bucket) || bucket.includes('..')) {
+      throw new InvalidArgumentError(`--store ${url}: "${bucket}" is not a valid S3 bucket name (3-63 characters of a-z 0-9 . -); ${USAGE}`);
     }
-    path = slash < 0 ? '' : decodeURIComponent(rest.slice(slash));
-  } else {
-    path = url.slice('file:'.length);
+    if (prefix.split('/').some((s, i, a) => (s === '' && i < a.length - 1) || s === '.' || s === '..')) {
+      throw new InvalidArgumentError(`--store ${url}: the prefix "${prefix}" has an empty, "." or ".." segment; ${USAGE}`);
+    }
+    // Same as S3ObjectStore's own (normalizePrefix), without loading the SDK to compute it.
+    const description = `s3://${bucket}/${prefix === '' || prefix.endsWith('/') ? prefix : prefix + '/'}`;
+    return { kind: 's3', bucket, prefix, description };
   }
-  if (path === '') throw new InvalidArgumentError(`--store ${url}: no directory given; ${USAGE}`);
+  const scheme = /^([a-z][a-z0-9+.-]*):/i.exec(url)?.[1];
+  const what = scheme ? `unknown kind of store "${scheme}:"` : 'not a store URL';
+  throw new InvalidArgumentError(`--store ${JSON.stringify(url)}: ${what}; ${USAGE}`);
+}
+
+/**
+ * One canonical string per store location: equal for every spelling of one store (the local
+ * lease directory of a store that is not a local directory is named after it). For S3 it
+ * is `s3://bucket` or `s3://bucket/prefix` without a trailing `/` (the spelling most users
+ * type, so their lease directory stays where it was).
+ */
+export function storeLocationKey(loc: StoreLocation): string {
+  switch (loc.kind) {
+    case 'file': return `file:${loc.dir}`;
+    case 'raw': return `raw:${loc.dir}`;
+    case 'memory': return 'memory:';
+    case 'ram': return 'ram:';
+    case 's3': return loc.description.replace(/\/$/, '');
+  }
+}
+
+function parseLocalPath(url: string, scheme: 'file:' | 'raw:'): string {
+  let path: string;
+  const rest = url.slice(scheme.length);
+  if (rest.startsWith('//')) {
+    // SCHEME:///abs (empty host) or SCHEME://localhost/abs; any other host is not on this machine.
+    const auth = rest.slice(2);
+    const slash = auth.indexOf('/');
+    const host = slash < 0 ? auth : auth.slice(0, slash);
+    if (host !== '' && host.toLowerCase() !== 'localhost') {
+      throw new InvalidArgumentError(`--store ${url}: ${scheme} URLs cannot name another host ("${host}"); use ${scheme}///abs/path or ${scheme}DIR`);
+    }
+    try {
+      path = slash < 0 ? '' : decodeURIComponent(auth.slice(slash));
+    } catch {
+      throw new InvalidArgumentError(`--store ${url}: a % in a ${scheme}// URL must start an escape such as %20 (write a literal % as %25)`);
+    }
+    if (path.includes('\0')) throw new InvalidArgumentError(`--store ${url}: the path contains a NUL byte`);
+  } else {
+    path = rest;
+  }
+  if (path === '') throw new InvalidArgumentError(`--store ${url}: no directory given; for example ${scheme}/var/lib/baton`);
   if (path === '~' || path.startsWith('~/')) path = join(homedir(), path.slice(1));
   return resolve(path);
 }
