@@ -160,6 +160,17 @@ export class StoreCatalog implements VolumeCatalog {
     return infos.filter((v): v is VolumeInfo => v !== null);
   }
 
+  /**
+   * Names of every volume and snapshot, from the keys of one listing of `volumes/` (no GET, no
+   * per-volume listing): what NBD_OPT_LIST and the empty export name cost.
+   */
+  async names(): Promise<string[]> {
+    const recs = await listAll(this.opts.store, keys.volumesPrefix);
+    return recs.map((o) => o.key.slice(keys.volumesPrefix.length)).filter((n) => {
+      try { checkExportName(n); return true; } catch { return false; } // a stray key is not a volume
+    });
+  }
+
   async info(name: string): Promise<VolumeInfo> {
     return this.describe(await this.record(name));
   }
