@@ -459,7 +459,7 @@ export class VolumeExports implements ExportProvider {
   }
 
   private handoffRequested(s: Served, to: string): void {
-    this.opts.log.info({ volume: s.name, to, state: s.state }, 'handoff requested');
+    this.opts.log.debug({ volume: s.name, to, state: s.state }, 'handoff requested'); // the lease logs it at info
     this.stop(s, { kind: 'handoff', to });
   }
 

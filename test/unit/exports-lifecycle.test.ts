@@ -208,6 +208,22 @@ test('17.1: a lease lost while the volume is opening: the waiting client gets an
   h.release();
 });
 
+test('17.1: a shutdown while the volume is opening: the waiting client gets an error, and nothing is left open or held', async (t) => {
+  let gated!: GatedStore;
+  const { exports, leases } = await setup(t, { store: (s) => (gated = new GatedStore(s)) });
+  gated.shut();
+  const waiting = exports.open('v').then((h) => h, (err: unknown) => err);
+  await gated.parked;
+  const closing = exports.close();
+  const r = await waiting; // fails at once, while the recovery is still parked
+  t.true(r instanceof ShutdownError, `the waiting client gets an error, not a handle (got ${r instanceof Error ? r.message : 'a handle'})`);
+  t.regex((r as Error).message, /shutting down/);
+  gated.open();
+  await closing;
+  t.is(exports.stateOf('v'), null);
+  t.is(await leases.inspect('v'), null, 'the lease taken for the open is released');
+});
+
 // ------------------------------------------------------------------ 9.6: a volume that fences itself
 
 test('9.6: a served volume that fences itself is dropped: clients disconnected, closed, lease released, error logged; the next attach recovers it from the store', async (t) => {
