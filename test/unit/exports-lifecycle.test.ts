@@ -342,7 +342,7 @@ test('9 (smaller): after a refused handoff the status timer runs again', async (
   t.is(exports.stateOf('v'), 'serving', 'the volume keeps serving its unflushed data');
   t.true(statuses.length > atRefusal, 'status published again at once');
   const n = statuses.length;
-  t.true(await until(() => statuses.length > n, 3000), 'and again by the timer');
+  t.true(await until(() => statuses.length > n, 5000), 'and again by the timer');
   t.is(statuses[statuses.length - 1]!.dirtyBytes, 4096);
   const h2 = await attach('v');
   t.true((await h2.backend.read(0, 4096)).equals(fill(4096, 1)));
