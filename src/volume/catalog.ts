@@ -30,6 +30,17 @@ export class StoreCatalog implements VolumeCatalog {
 
   get store(): ObjectStore { return this.opts.store; }
 
+  /**
+   * Names of every volume and snapshot, from the keys of one listing of `volumes/` (no GET, no
+   * per-volume listing): what NBD_OPT_LIST and the empty export name cost.
+   */
+  async names(): Promise<string[]> {
+    const recs = await listAll(this.opts.store, keys.volumesPrefix);
+    return recs.map((o) => o.key.slice(keys.volumesPrefix.length)).filter((n) => {
+      try { checkExportName(n); return true; } catch { return false; } // a stray key is not a volume
+    });
+  }
+
   async create(name: string, size: number): Promise<VolumeInfo> {
     checkVolumeName(name);
     checkVolumeSize(size);
@@ -158,17 +169,6 @@ export class StoreCatalog implements VolumeCatalog {
       }
     });
     return infos.filter((v): v is VolumeInfo => v !== null);
-  }
-
-  /**
-   * Names of every volume and snapshot, from the keys of one listing of `volumes/` (no GET, no
-   * per-volume listing): what NBD_OPT_LIST and the empty export name cost.
-   */
-  async names(): Promise<string[]> {
-    const recs = await listAll(this.opts.store, keys.volumesPrefix);
-    return recs.map((o) => o.key.slice(keys.volumesPrefix.length)).filter((n) => {
-      try { checkExportName(n); return true; } catch { return false; } // a stray key is not a volume
-    });
   }
 
   async info(name: string): Promise<VolumeInfo> {
