@@ -30,17 +30,6 @@ export class StoreCatalog implements VolumeCatalog {
 
   get store(): ObjectStore { return this.opts.store; }
 
-  /**
-   * Names of every volume and snapshot, from the keys of one listing of `volumes/` (no GET, no
-   * per-volume listing): what NBD_OPT_LIST and the empty export name cost.
-   */
-  async names(): Promise<string[]> {
-    const recs = await listAll(this.opts.store, keys.volumesPrefix);
-    return recs.map((o) => o.key.slice(keys.volumesPrefix.length)).filter((n) => {
-      try { checkExportName(n); return true; } catch { return false; } // a stray key is not a volume
-    });
-  }
-
   async create(name: string, size: number): Promise<VolumeInfo> {
     checkVolumeName(name);
     checkVolumeSize(size);
@@ -244,6 +233,17 @@ export class StoreCatalog implements VolumeCatalog {
   async openView(rec: VolumeRecord, store: ObjectStore = this.opts.store, quiet = false): Promise<Volume> {
     const log = quiet ? this.opts.log.child({}, { level: 'warn' }) : this.opts.log;
     return Volume.open(rec, { ...this.opts.volume, store, cache: await this.opts.cache(), log, readOnly: true });
+  }
+
+  /**
+   * Names of every volume and snapshot, from the keys of one listing of `volumes/` (no GET, no
+   * per-volume listing): what NBD_OPT_LIST and the empty export name cost.
+   */
+  async names(): Promise<string[]> {
+    const recs = await listAll(this.opts.store, keys.volumesPrefix);
+    return recs.map((o) => o.key.slice(keys.volumesPrefix.length)).filter((n) => {
+      try { checkExportName(n); return true; } catch { return false; } // a stray key is not a volume
+    });
   }
 
   get logger(): Logger { return this.opts.log; }
