@@ -15,9 +15,43 @@
  *   the holder to hand it over and waits for that.
  * - Handoff (another host asked): stop taking writes (ESHUTDOWN), let in-flight requests
  *   finish and close the clients' connections, flush, close, and release the lease
- *   reserved for the new host, which may acquire at once.
- * - Lease lost (renewals failed past the deadline): fence the volume locally (EIO for
- *   writes and flushes), disconnect its clients, drop it; a later attach acquires anew.
+ *   reserved for the new host, which may acquire at once. If that flush fails the handoff
+ *   is refused and the volume keeps serving (its unflushed data exists only here).
+ * - Fenced (the lease was lost, the volume fenced itself, or it was removed or replaced in
+ *   the store): the volume never writes again. Its clients are disconnected, it is closed
+ *   without flushing or checkpointing, its lease is released, and the next attach opens the
+ *   volume anew from the store (which recovers whatever landed).
+ *
+ * One Served per volume name, in exactly one state:
+ *
+ *   opening ──> serving <──> draining ──> closed | fenced
+ *      └───────────────────────^
+ *
+ * - opening: the lease is being acquired and the volume recovered. Attaching clients wait
+ *   for `ready`; no handle exists yet.
+ * - serving: handles are given out. The status timer runs while a lease is held; the idle
+ *   timer runs exactly while no handle is out.
+ * - draining: on its way out, for one Exit (idle, shutdown, handoff, failed open, fence).
+ *   No handle is given out; clients attaching meanwhile wait for the state to change and then
+ *   attach anew (so a client on this host goes through the normal acquire, not "already
+ *   served under this host id"). One exit routine runs; it may end in serving again only
+ *   when a handoff or idle close could not flush (and the volume is not fenced).
+ * - closed, fenced: terminal; the volume is closed and its lease released or given up.
+ *
+ * Invariants (each transition is one function that asserts where it comes from):
+ * - `volumes` maps a name to its one Served until that Served is terminal: a new Served for
+ *   the name (a reopen) never overlaps an older one, so this host never holds two engines or
+ *   two leases for one name, and a reopen never finds its own lease still held.
+ * - Leaving `opening` for anything but `serving` rejects `ready`: a client waiting for the
+ *   open gets an error, never a handle to a volume that is being closed. Leaving `serving`
+ *   disconnects every handle's connection. Together: every client of a volume that is handed
+ *   off, lost, fenced or closed is disconnected, whatever state its session is in.
+ * - `fence` once set never clears: a fenced Served ends `fenced` and never serves again.
+ * - A volume is closed with flush and checkpoint only if it was opened completely (with a
+ *   takeover record under our lease) and is not fenced; otherwise it is fenced locally first,
+ *   so it writes nothing (a failed takeover must not write a checkpoint it does not hold).
+ * - Lease callbacks and the volume's onFenced act only on the Served they were registered
+ *   for, never on a later Served of the same name.
  */
 
 import * as os from 'node:os';
@@ -27,7 +61,7 @@ import type { Lease, LeaseManager } from './lease/lease.js';
 import type { Logger } from './log.js';
 import { formatSize } from './size.js';
 import { StaleTokenError, type Volume } from './volume/volume.js';
-import { checkExportName, isSnapshotName, type OpenVolume, type VolumeCatalog, type VolumeInfo } from './volumes.js';
+import { checkExportName, isSnapshotName, type OpenVolume, type VolumeCatalog } from './volumes.js';
 
 export type OnHeld = 'refuse' | 'wait' | 'takeover';
 
@@ -49,14 +83,80 @@ export interface VolumeExportsOptions {
   lease?: LeaseConfig;
 }
 
-interface Served {
-  name: string;
-  refs: number;
-  opening: Promise<{ ov: OpenVolume; lease: Lease | null }>;
-  idleTimer: NodeJS.Timeout | null;
-  statusTimer: NodeJS.Timeout | null;
-  /** Set once opened read-write with the lease: what background compaction may rewrite. */
-  writable: Volume | null;
+export type ServedState = 'opening' | 'serving' | 'draining' | 'closed' | 'fenced';
+
+/** Why a volume leaves service: decides whether it is flushed and whom the lease goes to. */
+type Exit =
+  | { kind: 'idle' }
+  | { kind: 'shutdown' }
+  | { kind: 'handoff'; to: string }
+  | { kind: 'failed'; err: unknown }
+  | { kind: 'fence'; reason: string };
+
+/** Where each state may go (checked by every transition). */
+const NEXT: Record<ServedState, readonly ServedState[]> = {
+  opening: ['serving', 'draining'],
+  serving: ['draining'],
+  draining: ['serving', 'closed', 'fenced'],
+  closed: [],
+  fenced: [],
+};
+
+/** How long a handoff waits for its clients' in-flight requests before flushing anyway. */
+const HANDOFF_CLIENT_WAIT_MS = 2000;
+
+class Served {
+  state: ServedState = 'opening';
+  /** Handles given out and not yet released. */
+  refs = 0;
+  lease: Lease | null = null;
+  ov: OpenVolume | null = null;
+  /**
+   * The open finished: for a read-write engine volume under a lease, its takeover record is
+   * committed under `lease`. Only then may closing flush and checkpoint.
+   */
+  complete = false;
+  /** Why the volume must never write again; set once, never cleared. Ends in `fenced`. */
+  fence: string | null = null;
+  /** We fenced the engine ourselves (its onFenced is then not news). */
+  fencedByUs = false;
+  /** A host that asked for the volume while it was leaving for another reason. */
+  releaseTo: string | undefined;
+  /** Settles when the open routine finished, whatever happened; never rejects. */
+  opening: Promise<void> = Promise.resolve();
+  /** The exit routine, while draining. */
+  exit: Promise<void> | null = null;
+  idleTimer: NodeJS.Timeout | null = null;
+  statusTimer: NodeJS.Timeout | null = null;
+  /** Resolves when serving; rejects (with what the waiting clients are told) if it left before. */
+  readonly ready: Promise<void>;
+  resolveReady!: () => void;
+  rejectReady!: (err: unknown) => void;
+  private changeWaiters: (() => void)[] = [];
+  private idleWaiters: (() => void)[] = [];
+
+  constructor(readonly name: string) {
+    this.ready = new Promise<void>((res, rej) => { this.resolveReady = res; this.rejectReady = rej; });
+    this.ready.catch(() => {}); // an open nobody waits for must not be an unhandled rejection
+  }
+
+  /** Resolves at the next state change. */
+  changed(): Promise<void> { return new Promise((r) => this.changeWaiters.push(r)); }
+  notifyChanged(): void { for (const w of this.changeWaiters.splice(0)) w(); }
+
+  /** Resolves when no handle is out (or after `ms`). */
+  async noClients(ms: number): Promise<void> {
+    if (this.refs === 0) return;
+    let timer: NodeJS.Timeout | undefined;
+    await Promise.race([
+      new Promise<void>((r) => this.idleWaiters.push(r)),
+      new Promise<void>((r) => { timer = setTimeout(r, ms); }),
+    ]);
+    clearTimeout(timer);
+  }
+  notifyNoClients(): void { for (const w of this.idleWaiters.splice(0)) w(); }
+
+  get volume(): Volume | undefined { return this.ov?.volume; }
 }
 
 export function defaultHostId(): string {
@@ -64,13 +164,8 @@ export function defaultHostId(): string {
 }
 
 export class VolumeExports implements ExportProvider {
-  private readonly served = new Map<string, Served>();
-  /**
-   * Volumes on their way out (idle close: flush, checkpoint, lease release). A client that
-   * attaches meanwhile opens the volume again once that is done; acquiring at once would find
-   * the lease still held by this very host and refuse the client.
-   */
-  private readonly leaving = new Map<string, Promise<void>>();
+  /** The one Served per name, until it is terminal (see the invariants above). */
+  private readonly volumes = new Map<string, Served>();
   private closing = false;
   private disconnect: (name: string) => void = () => {};
 
@@ -79,104 +174,265 @@ export class VolumeExports implements ExportProvider {
   /** How to close the NBD connections of a volume (the server's disconnectExport). */
   setDisconnector(fn: (name: string) => void): void { this.disconnect = fn; }
 
+  /** The state of the volume served under `name`, or null if none (diagnostics, tests). */
+  stateOf(name: string): ServedState | null { return this.volumes.get(name)?.state ?? null; }
+
+  /** One catalog listing, whatever the number of volumes (NBD_OPT_LIST needs no figures). */
   async list(): Promise<ExportSummary[]> {
-    const vols = await this.catalog.list();
-    return vols.map((v) => ({ name: v.name, description: describe(v) }));
+    const names = await this.catalog.names();
+    return names.map((name) => ({ name, description: describeName(name) }));
   }
 
-  /** "" (nbd-client without -N) means the only volume, if there is exactly one. */
+  /** "" (nbd-client without -N) means the only volume, if there is exactly one (one listing). */
   private async resolve(name: string): Promise<string> {
     if (name !== '') return name;
-    const vols = await this.catalog.list();
-    if (vols.length === 1) return vols[0]!.name;
-    throw new NotFoundError(vols.length === 0
+    const names = await this.catalog.names();
+    if (names.length === 1) return names[0]!;
+    throw new NotFoundError(names.length === 0
       ? `no volumes in ${this.catalog.description}; create one with: baton create NAME --size 10G`
-      : `no export name given and there are ${vols.length} volumes; name one (nbd-client -N NAME, nbd://host/NAME): ${vols.map((v) => v.name).join(', ')}`);
+      : `no export name given and there are ${names.length} volumes; name one (nbd-client -N NAME, nbd://host/NAME): ${names.join(', ')}`);
+  }
+
+  /**
+   * What NBD_OPT_INFO needs, without attaching: from the open volume if it is served here,
+   * else from the catalog record (one GET for object-store catalogs). No lease, no store
+   * write, no open: it has no effect on this host or any other.
+   */
+  async info(requested: string): Promise<{ name: string; size: number; readOnly: boolean; description: string }> {
+    const name = await this.resolve(requested);
+    checkExportName(name);
+    const s = this.volumes.get(name);
+    if (s?.state === 'serving' && s.ov) {
+      return { name, size: s.ov.backend.size, readOnly: s.ov.backend.readOnly, description: describeName(name, s.ov.backend.size) };
+    }
+    const rec = this.catalog.record ? await this.catalog.record(name) : await this.catalog.info(name).then((v) => ({ size: v.size, snapshot: v.kind === 'snapshot' }));
+    const readOnly = this.opts.readOnly || isSnapshotName(name) || !!rec.snapshot;
+    return { name, size: rec.size, readOnly, description: describeName(name, rec.size) };
   }
 
   async open(requested: string): Promise<ExportHandle> {
-    if (this.closing) throw new ShutdownError('server is shutting down');
     const name = await this.resolve(requested);
     checkExportName(name);
-    let s = this.served.get(name);
-    if (!s) {
-      const opening = (this.leaving.get(name) ?? Promise.resolve()).then(() => this.openServed(name));
-      const fresh: Served = { name, refs: 0, opening, idleTimer: null, statusTimer: null, writable: null };
-      s = fresh;
-      this.served.set(name, fresh);
-      opening.then(
-        ({ ov, lease }) => {
-          this.opts.log.info({ volume: name, token: lease?.token }, 'volume opened');
-          if (lease && ov.volume) {
-            const vol = ov.volume;
-            fresh.writable = vol;
-            const publish = (): void => { const st = vol.stats(); lease.setStatus({ dirtyBytes: st.dirtyBytes + st.sealedBytes, lastFlushAt: st.lastFlushAt, lastCommitSeq: st.lastCommitSeq, ...(this.opts.lease?.address ? { address: this.opts.lease.address } : {}) }); };
-            publish();
-            fresh.statusTimer = setInterval(publish, 1000);
-            fresh.statusTimer.unref();
-          }
-        },
-        () => { if (this.served.get(name) === fresh) this.served.delete(name); },
-      );
+    for (;;) {
+      if (this.closing) throw new ShutdownError('server is shutting down');
+      const s = this.volumes.get(name) ?? this.startOpening(name);
+      if (s.state === 'opening') {
+        // Rejects if the volume leaves before it serves (handoff, lease lost, failed open,
+        // shutdown): this client then gets that error, not a handle to a closed volume.
+        await s.ready;
+        if ((s.state as ServedState) !== 'serving') throw new ShutdownError(`volume ${name} stopped being served here while this client attached; reconnect`);
+        return this.handle(s);
+      }
+      if (s.state === 'serving') {
+        if (!(await this.stillInStore(s))) continue;
+        if ((s.state as ServedState) !== 'serving') continue; // it changed while we looked
+        return this.handle(s);
+      }
+      // draining: wait for it to serve again or to be gone, then attach anew.
+      await s.changed();
     }
+  }
+
+  private handle(s: Served): ExportHandle {
+    const ov = s.ov!;
     s.refs++;
-    if (s.idleTimer) { clearTimeout(s.idleTimer); s.idleTimer = null; }
-    let ov: OpenVolume;
-    try {
-      ({ ov } = await s.opening);
-    } catch (err) {
-      s.refs--;
-      throw err;
-    }
+    this.updateIdle(s);
     let released = false;
-    const served = s;
     return {
-      name,
+      name: s.name,
       // From what is open: no store request per connection.
-      description: `baton ${isSnapshotName(name) ? 'snapshot' : 'volume'} ${name}, ${formatSize(ov.backend.size)}`,
+      description: describeName(s.name, ov.backend.size),
       backend: ov.backend,
       release: () => {
         if (released) return;
         released = true;
-        served.refs--;
-        if (served.refs === 0 && this.served.get(name) === served) {
-          served.idleTimer = setTimeout(() => void this.closeIdle(served), this.opts.idleGraceMs);
-        }
+        s.refs--;
+        if (s.refs === 0) s.notifyNoClients();
+        this.updateIdle(s);
       },
     };
   }
 
-  private async openServed(name: string): Promise<{ ov: OpenVolume; lease: Lease | null }> {
-    const lc = this.opts.lease;
-    // Snapshots are read-only: no lease, any number of hosts may serve them.
-    if (this.opts.readOnly || !lc || isSnapshotName(name)) return { ov: await this.catalog.open(name, { readOnly: this.opts.readOnly || isSnapshotName(name) }), lease: null };
-    let lease = await this.acquire(name, lc, 0);
-    let ov: OpenVolume | null = null;
+  /**
+   * 9.4: is the open volume still the one the catalog names? A volume removed (its record
+   * gone) or removed and created again (another id) must not be served to the new volume's
+   * clients. `rm --force` also revokes the lease, which the renewal notices (onLost); this
+   * check is the backstop at the next attach. One GET per attach of an already open volume.
+   * A store error is the attaching client's error: we cannot tell which volume it would get.
+   */
+  private async stillInStore(s: Served): Promise<boolean> {
+    const vol = s.volume;
+    if (!vol || !this.catalog.record) return true;
+    let id: string | null;
     try {
-      ov = await this.catalog.open(name, { readOnly: false });
-      const vol = ov.volume;
-      if (vol) {
-        try {
-          await vol.takeover(lease.token);
-        } catch (err) {
-          if (!(err instanceof StaleTokenError)) throw err;
-          // The log has seen this token (Redis lost its data): take a higher one.
-          this.opts.log.warn({ volume: name, token: lease.token, logToken: err.minToken }, 'lease token not above the log; re-acquiring');
-          await lease.release();
-          lease = await this.acquire(name, lc, err.minToken);
-          await vol.takeover(lease.token);
-        }
-        const held = lease;
-        vol.setWriteDeadline(() => held.validUntil());
-        held.onLost((reason) => void this.lost(name, reason));
-        held.onHandoffRequest((to) => void this.handoff(name, to));
-      }
-      return { ov, lease };
+      id = (await this.catalog.record(s.name)).id;
     } catch (err) {
-      if (ov) await ov.close().catch(() => {});
-      await lease.release().catch(() => {});
-      throw err;
+      if (!(err instanceof NotFoundError)) throw err;
+      id = null;
     }
+    if (id === vol.volumeId) return true;
+    const reason = id === null
+      ? `volume ${s.name} was removed from ${this.catalog.description} while served here`
+      : `volume ${s.name} was removed and created again in ${this.catalog.description} (id ${vol.volumeId} is now ${id}) while served here`;
+    this.opts.log.error({ volume: s.name, id: vol.volumeId, now: id }, `${reason}: dropping it, its clients are disconnected`);
+    this.stop(s, { kind: 'fence', reason });
+    return false;
+  }
+
+  // ------------------------------------------------------------------ transitions
+
+  private expect(s: Served, to: ServedState): void {
+    if (!NEXT[s.state].includes(to)) throw new Error(`internal error: served volume ${s.name} cannot go from ${s.state} to ${to}`);
+  }
+
+  private move(s: Served, to: ServedState): void {
+    this.expect(s, to);
+    s.state = to;
+    // Both timers run only while serving.
+    if (to !== 'serving') this.stopTimers(s);
+    s.notifyChanged();
+  }
+
+  /** (none) -> opening: start the open routine. */
+  private startOpening(name: string): Served {
+    const s = new Served(name);
+    this.volumes.set(name, s);
+    s.opening = this.openServed(s).then(
+      () => { if (s.state === 'opening') this.startServing(s); },
+      (err: unknown) => { if (s.state === 'opening') this.beginExit(s, { kind: 'failed', err }); },
+    );
+    return s;
+  }
+
+  /** opening -> serving: the waiting clients get their handles. */
+  private startServing(s: Served): void {
+    this.move(s, 'serving');
+    this.opts.log.info({ volume: s.name, token: s.lease?.token }, 'volume opened');
+    this.startStatus(s);
+    s.resolveReady();
+    this.updateIdle(s);
+  }
+
+  /** opening | serving -> draining: no new handles; waiting clients get an error; connections are closed. */
+  private beginExit(s: Served, exit: Exit): void {
+    const from = s.state;
+    this.move(s, 'draining');
+    if (from === 'opening') s.rejectReady(exit.kind === 'failed' ? exit.err : new ShutdownError(`volume ${s.name}: ${exitMessage(exit)}; reconnect to attach again`));
+    if (!s.fence) s.volume?.drain();
+    if (from === 'serving' && s.refs > 0) this.disconnect(s.name);
+    s.exit = this.runExit(s, exit).catch((err: unknown) => {
+      this.opts.log.error({ volume: s.name, err: errorMessage(err) }, 'internal error while taking a volume out of service');
+    });
+  }
+
+  /** draining -> serving: a handoff or idle close that could not flush; keep serving the data. */
+  private resumeServing(s: Served): void {
+    if (s.fence) throw new Error(`internal error: fenced volume ${s.name} cannot serve again`);
+    this.move(s, 'serving');
+    s.volume?.undrain();
+    s.releaseTo = undefined;
+    this.startStatus(s);
+    this.updateIdle(s);
+  }
+
+  /** draining -> closed | fenced: gone; the next attach opens the volume anew. */
+  private finish(s: Served, flushed: boolean): void {
+    const to: ServedState = s.fence ? 'fenced' : 'closed';
+    this.expect(s, to);
+    if (this.volumes.get(s.name) === s) this.volumes.delete(s.name);
+    this.move(s, to);
+    if (s.fence) this.opts.log.warn({ volume: s.name, reason: s.fence }, 'fenced volume closed and dropped; the next attach opens it anew from the store');
+    else this.opts.log.info({ volume: s.name, flushed }, 'volume closed');
+  }
+
+  /**
+   * Ask a volume to leave service. Fencing takes effect at once (the engine stops writing);
+   * if it is already draining, the running exit routine sees `fence` and `releaseTo`.
+   */
+  private stop(s: Served, exit: Exit): void {
+    if (s.state === 'closed' || s.state === 'fenced') return;
+    if (exit.kind === 'fence' && !s.fence) {
+      s.fence = exit.reason;
+      this.fenceEngine(s, exit.reason);
+    }
+    if (exit.kind === 'handoff') s.releaseTo ??= exit.to;
+    if (s.state === 'opening' || s.state === 'serving') this.beginExit(s, exit);
+    else if (exit.kind === 'fence' && s.refs > 0) this.disconnect(s.name);
+  }
+
+  private fenceEngine(s: Served, reason: string): void {
+    const vol = s.volume;
+    if (!vol || vol.isFenced) return;
+    s.fencedByUs = true;
+    vol.fenceLocally(reason);
+  }
+
+  // ------------------------------------------------------------------ opening
+
+  /** Acquire, recover, take over; records each step on `s` so that an exit can undo exactly what was done. */
+  private async openServed(s: Served): Promise<void> {
+    const lc = this.opts.lease;
+    const name = s.name;
+    // Snapshots are read-only: no lease, any number of hosts may serve them.
+    const readOnly = this.opts.readOnly || isSnapshotName(name);
+    if (readOnly || !lc) {
+      s.ov = await this.catalog.open(name, { readOnly });
+      this.watchVolume(s);
+      this.stillOpening(s);
+      s.complete = true;
+      return;
+    }
+    s.lease = await this.acquire(name, lc, 0);
+    // Watched from here on: a handoff or lost lease during the (maybe long) recovery acts at once.
+    this.watchLease(s, s.lease);
+    this.stillOpening(s);
+    s.ov = await this.catalog.open(name, { readOnly: false });
+    this.watchVolume(s);
+    this.stillOpening(s);
+    const vol = s.ov.volume;
+    if (vol) {
+      try {
+        await vol.takeover(s.lease.token);
+      } catch (err) {
+        if (!(err instanceof StaleTokenError)) throw err;
+        // The log has seen this token (Redis lost its data): take a higher one.
+        this.opts.log.warn({ volume: name, token: s.lease.token, logToken: err.minToken }, 'lease token not above the log; re-acquiring');
+        const old = s.lease;
+        s.lease = null;
+        await old.release();
+        this.stillOpening(s);
+        s.lease = await this.acquire(name, lc, err.minToken);
+        this.watchLease(s, s.lease);
+        this.stillOpening(s);
+        await vol.takeover(s.lease.token);
+      }
+      this.stillOpening(s);
+      const held = s.lease;
+      vol.setWriteDeadline(() => held.validUntil());
+    }
+    s.complete = true;
+  }
+
+  /** Between the open's steps: stop if the volume was asked to leave meanwhile (its exit undoes what was done). */
+  private stillOpening(s: Served): void {
+    if (s.state !== 'opening') throw new ShutdownError(`volume ${s.name} stopped opening`);
+  }
+
+  private watchLease(s: Served, lease: Lease): void {
+    lease.onLost((reason) => { if (s.lease === lease) this.leaseLost(s, reason); });
+    lease.onHandoffRequest((to) => { if (s.lease === lease) this.handoffRequested(s, to); });
+  }
+
+  private watchVolume(s: Served): void {
+    const vol = s.volume;
+    vol?.onFenced((err) => {
+      if (s.fencedByUs || s.fence || s.state === 'closed' || s.state === 'fenced') return;
+      // 9.6: the engine fenced itself (its log position was taken, its lease deadline
+      // passed): terminal. Retrying its flush, refusing handoffs or renewing its lease would
+      // keep the volume unusable everywhere until this process restarts.
+      this.opts.log.error({ volume: s.name, err: errorMessage(err) }, 'volume fenced itself: disconnecting its clients, closing it without flushing and releasing its lease; the next attach recovers it from the store');
+      this.stop(s, { kind: 'fence', reason: errorMessage(err) });
+    });
   }
 
   private async acquire(name: string, lc: LeaseConfig, minToken: number): Promise<Lease> {
@@ -192,54 +448,171 @@ export class VolumeExports implements ExportProvider {
     }
   }
 
+  // ------------------------------------------------------------------ events
+
   /** Another host asked for this volume: give it over cleanly. */
   async handoff(name: string, to: string): Promise<void> {
-    const s = this.served.get(name);
+    const s = this.volumes.get(name);
     if (!s) return;
-    const t0 = performance.now();
-    this.served.delete(name);
-    this.stopTimers(s);
-    const { ov, lease } = await s.opening;
-    ov.volume?.drain();
-    this.disconnect(name);
-    // Wait (briefly) for the clients' in-flight requests to finish and their connections to go.
-    const deadline = Date.now() + 2000;
-    while (s.refs > 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 5));
-    try {
-      await ov.backend.flush();
-    } catch (err) {
-      // Unflushed data exists only here: handing over now would lose it. Keep the lease and
-      // the volume (dirty data included), take writes again, and say so; the handoff can be
-      // asked for again once the store is reachable.
-      this.opts.log.error({ volume: name, to, err: errorMessage(err) }, 'handoff refused: the final flush did not reach the store; keeping the volume and its unflushed data');
-      ov.volume?.undrain();
-      if (!this.served.has(name)) {
-        this.served.set(name, s);
-        if (s.refs === 0) s.idleTimer = setTimeout(() => void this.closeIdle(s), this.opts.idleGraceMs);
+    this.handoffRequested(s, to);
+    await s.exit;
+  }
+
+  private handoffRequested(s: Served, to: string): void {
+    this.opts.log.debug({ volume: s.name, to, state: s.state }, 'handoff requested'); // the lease logs it at info
+    this.stop(s, { kind: 'handoff', to });
+  }
+
+  private leaseLost(s: Served, reason: string): void {
+    if (s.state === 'closed' || s.state === 'fenced') return;
+    this.opts.log.error({ volume: s.name, reason }, 'lease lost: volume fenced, clients disconnected');
+    this.stop(s, { kind: 'fence', reason: `lease lost: ${reason}` });
+  }
+
+  /**
+   * The last client left a while ago: flush (still serving: a client coming back meanwhile
+   * is served at once), then leave. If the flush fails the volume stays open with its dirty
+   * data (a later client sees it, and a later FLUSH still has to land it) and closing is
+   * tried again later: acknowledged writes are never dropped because nobody is attached.
+   */
+  private async closeIdle(s: Served): Promise<void> {
+    s.idleTimer = null;
+    if (s.state !== 'serving' || s.refs > 0) return;
+    const ov = s.ov!;
+    if (!ov.backend.readOnly) {
+      try {
+        await ov.backend.flush();
+      } catch (err) {
+        if (s.state !== 'serving') return; // fenced meanwhile: its exit is running
+        this.retryIdle(s, err);
+        return;
       }
-      return;
     }
-    await ov.close().catch(() => {});
+    if (s.state !== 'serving' || s.refs > 0) return; // a client came back meanwhile
+    this.beginExit(s, { kind: 'idle' });
+  }
+
+  private retryIdle(s: Served, err: unknown): void {
+    const retryMs = Math.min(Math.max(this.opts.idleGraceMs * 2, 1000), 30_000);
+    this.opts.log.warn({ volume: s.name, err: errorMessage(err), retryMs }, 'idle volume could not be flushed; keeping it open and trying again');
+    if (s.state === 'serving' && s.refs === 0 && !s.idleTimer) s.idleTimer = setTimeout(() => void this.closeIdle(s), retryMs);
+  }
+
+  // ------------------------------------------------------------------ leaving
+
+  /** The one exit routine of a draining volume; ends in serving (refused), closed or fenced. */
+  private async runExit(s: Served, exit: Exit): Promise<void> {
+    await s.opening; // an exit during the open waits for its current step, then undoes what it did
+    const ov = s.ov;
+    let flushed = true;
     try {
-      await lease?.release(to);
-      this.opts.log.info({ volume: name, to, ms: Math.round(performance.now() - t0) }, 'volume handed off');
+      if ((exit.kind === 'handoff' || exit.kind === 'idle') && ov && s.complete && !s.fence) {
+        // Clients must be gone before the data is final (a handoff disconnected them; an idle
+        // volume has none); then the flush that decides whether we may let go.
+        if (exit.kind === 'handoff') await s.noClients(HANDOFF_CLIENT_WAIT_MS);
+        try {
+          await ov.backend.flush();
+        } catch (err) {
+          if (!s.fence && !s.volume?.isFenced) {
+            if (exit.kind === 'handoff') {
+              // Unflushed data exists only here: handing over now would lose it. Keep the
+              // lease and the volume (dirty data included), take writes again, and say so;
+              // the handoff can be asked for again once the store is reachable.
+              this.opts.log.error({ volume: s.name, to: exit.to, err: errorMessage(err) }, 'handoff refused: the final flush did not reach the store; keeping the volume and its unflushed data');
+            }
+            this.resumeServing(s);
+            if (exit.kind === 'idle') this.retryIdle(s, err);
+            return;
+          }
+          // Fenced meanwhile: nothing more can be written; close as fenced.
+        }
+      }
+      if (ov) flushed = await this.closeEngine(s, ov, exit);
+      await this.releaseLease(s, exit);
     } catch (err) {
-      // Flushed and closed; the lease was already gone (or Redis is unreachable): the new
-      // host gets the volume when the lease expires instead of at once.
-      this.opts.log.warn({ volume: name, to, err: errorMessage(err) }, 'handed off, but the lease could not be reserved for the new host; it will acquire after the TTL');
+      this.opts.log.error({ volume: s.name, err: errorMessage(err) }, 'closing volume failed');
+    }
+    this.finish(s, flushed);
+  }
+
+  /**
+   * Close the engine. Flushes and checkpoints only a volume opened completely and not
+   * fenced; anything else is fenced locally first, so that close() writes nothing: a volume
+   * whose takeover failed does not hold the log, and a removed or fenced one must not write.
+   * Returns false if a final flush failed.
+   */
+  private async closeEngine(s: Served, ov: OpenVolume, exit: Exit): Promise<boolean> {
+    let flushed = true;
+    if (!s.complete) this.fenceEngine(s, `volume ${s.name} did not finish opening (${exitMessage(exit)}); closing it without writing`);
+    else if (!s.fence && !ov.backend.readOnly && !s.volume?.isFenced) {
+      try {
+        await ov.backend.flush();
+      } catch (err) {
+        flushed = false;
+        // Only on shutdown does this give up on data (idle and handoff refuse instead, above).
+        // The writes no FLUSH acknowledged die with this process whatever we do; closing
+        // without another attempt bounds the shutdown.
+        this.opts.log.error({ volume: s.name, err: errorMessage(err) }, 'final flush at shutdown failed: writes no FLUSH acknowledged are lost with this process');
+        this.fenceEngine(s, `final flush failed: ${errorMessage(err)}`);
+      }
+    }
+    try {
+      await ov.close();
+    } catch (err) {
+      flushed = false;
+      this.opts.log.error({ volume: s.name, err: errorMessage(err) }, 'closing the volume failed');
+    }
+    return flushed;
+  }
+
+  /**
+   * Give the lease back (reserved for the host that asked, if one did). Also after a failed
+   * final flush at shutdown: the unflushed writes were never acknowledged by a FLUSH and are
+   * lost with this process whether or not the lease is kept (the lease manager's close
+   * releases it anyway), so keeping it would only keep the volume from every other host for
+   * a TTL. Safety never depends on it: the store's create-only log positions fence any put
+   * of ours that lands late, and release() ends our local validity before telling the store.
+   */
+  private async releaseLease(s: Served, exit: Exit): Promise<void> {
+    const lease = s.lease;
+    if (!lease) return;
+    const to = exit.kind === 'handoff' ? exit.to : s.releaseTo;
+    try {
+      await lease.release(to);
+      if (to !== undefined) this.opts.log.info({ volume: s.name, to, fenced: !!s.fence }, 'volume handed off');
+    } catch (err) {
+      // The lease was already gone (or the lease store is unreachable): the new host gets
+      // the volume when the lease expires instead of at once.
+      this.opts.log.warn({ volume: s.name, to, err: errorMessage(err) }, to !== undefined
+        ? 'handed off, but the lease could not be reserved for the new host; it will acquire after the TTL'
+        : 'the lease could not be released; it expires after its TTL');
     }
   }
 
-  private async lost(name: string, reason: string): Promise<void> {
-    const s = this.served.get(name);
-    if (!s) return;
-    this.served.delete(name);
-    this.stopTimers(s);
-    const { ov } = await s.opening;
-    ov.volume?.fenceLocally(`lease lost: ${reason}`);
-    this.opts.log.error({ volume: name, reason }, 'lease lost: volume fenced, clients disconnected');
-    this.disconnect(name);
-    await ov.close().catch(() => {});
+  // ------------------------------------------------------------------ timers
+
+  /** The idle timer runs exactly while serving with no handle out. */
+  private updateIdle(s: Served): void {
+    if (s.state === 'serving' && s.refs === 0) {
+      if (!s.idleTimer) s.idleTimer = setTimeout(() => void this.closeIdle(s), this.opts.idleGraceMs);
+    } else if (s.idleTimer) {
+      clearTimeout(s.idleTimer);
+      s.idleTimer = null;
+    }
+  }
+
+  /** While serving under a lease: publish the volume's status for `baton status`. */
+  private startStatus(s: Served): void {
+    const lease = s.lease;
+    const vol = s.volume;
+    if (!lease || !vol || s.statusTimer) return;
+    const publish = (): void => {
+      const st = vol.stats();
+      lease.setStatus({ dirtyBytes: st.dirtyBytes + st.sealedBytes, lastFlushAt: st.lastFlushAt, lastCommitSeq: st.lastCommitSeq, ...(this.opts.lease?.address ? { address: this.opts.lease.address } : {}) });
+    };
+    publish();
+    s.statusTimer = setInterval(publish, 1000);
+    s.statusTimer.unref();
   }
 
   private stopTimers(s: Served): void {
@@ -249,67 +622,38 @@ export class VolumeExports implements ExportProvider {
     s.statusTimer = null;
   }
 
-  /**
-   * The last client left a while ago: flush, close, give the lease back. If the flush fails
-   * the volume stays open with its dirty data (a later client sees it, and a later FLUSH
-   * still has to land it) and closing is tried again later: acknowledged writes are never
-   * dropped because nobody is attached.
-   */
-  private async closeIdle(s: Served): Promise<void> {
-    if (s.refs > 0 || this.served.get(s.name) !== s) return;
-    const { ov } = await s.opening;
-    if (!ov.backend.readOnly) {
-      try {
-        await ov.backend.flush();
-      } catch (err) {
-        const retryMs = Math.min(Math.max(this.opts.idleGraceMs * 2, 1000), 30_000);
-        this.opts.log.warn({ volume: s.name, err: errorMessage(err), retryMs }, 'idle volume could not be flushed; keeping it open and trying again');
-        if (s.refs === 0 && this.served.get(s.name) === s) s.idleTimer = setTimeout(() => void this.closeIdle(s), retryMs);
-        return;
-      }
-    }
-    if (s.refs > 0 || this.served.get(s.name) !== s) return; // a client came back meanwhile
-    this.served.delete(s.name);
-    const closing = this.closeVolume(s).finally(() => { if (this.leaving.get(s.name) === closing) this.leaving.delete(s.name); });
-    this.leaving.set(s.name, closing);
-    await closing;
-  }
-
-  private async closeVolume(s: Served): Promise<void> {
-    this.stopTimers(s);
-    try {
-      const { ov, lease } = await s.opening;
-      let flushed = true;
-      try {
-        if (!ov.backend.readOnly) await ov.backend.flush();
-      } catch (err) {
-        flushed = false;
-        this.opts.log.error({ volume: s.name, err: errorMessage(err) }, 'final flush at shutdown failed: writes no FLUSH acknowledged are lost with this process');
-      }
-      await ov.close().catch(() => {});
-      await lease?.release();
-      this.opts.log.info({ volume: s.name, flushed }, 'volume closed');
-    } catch (err) {
-      this.opts.log.error({ volume: s.name, err: errorMessage(err) }, 'closing volume failed');
-    }
-  }
-
   /** Volumes this host serves read-write under its lease (background compaction works on these). */
   writableVolumes(): { name: string; volume: Volume }[] {
     const out: { name: string; volume: Volume }[] = [];
-    for (const s of this.served.values()) if (s.writable && !s.writable.isFenced) out.push({ name: s.name, volume: s.writable });
+    for (const s of this.volumes.values()) {
+      const vol = s.volume;
+      if (s.state === 'serving' && s.lease && vol && !vol.isFenced) out.push({ name: s.name, volume: vol });
+    }
     return out;
   }
 
   /** Flush and close every open volume (server shutdown, after the sessions ended). */
   async close(): Promise<void> {
     this.closing = true;
-    const all = [...this.served.values()];
-    this.served.clear();
-    await Promise.all(all.map((s) => this.closeVolume(s)));
+    // A refused handoff may bring a volume back to serving: repeat until none is left.
+    while (this.volumes.size > 0) {
+      for (const s of [...this.volumes.values()]) if (s.state === 'opening' || s.state === 'serving') this.stop(s, { kind: 'shutdown' });
+      await Promise.all([...this.volumes.values()].map((s) => s.exit));
+    }
   }
 }
 
-function describe(v: VolumeInfo): string {
-  return `baton volume ${v.name}, ${formatSize(v.size)}`;
+function describeName(name: string, size?: number): string {
+  const base = `baton ${isSnapshotName(name) ? 'snapshot' : 'volume'} ${name}`;
+  return size === undefined ? base : `${base}, ${formatSize(size)}`;
+}
+
+function exitMessage(exit: Exit): string {
+  switch (exit.kind) {
+    case 'idle': return 'closed after its last client left';
+    case 'shutdown': return 'the server is shutting down';
+    case 'handoff': return `being handed over to ${exit.to}`;
+    case 'failed': return `opening failed: ${errorMessage(exit.err)}`;
+    case 'fence': return exit.reason;
+  }
 }

@@ -44,10 +44,30 @@ export interface OpenVolume {
 
 export interface RemoveResult { deletedObjects: number; keptForRelatives: boolean }
 
+/** What one record says about a volume (object-store catalogs): enough to serve it, nothing counted. */
+export interface VolumeIdentity {
+  /** The store identity: a volume removed and created again under the same name has another id. */
+  id: string;
+  size: number;
+  snapshot?: boolean;
+}
+
 export interface VolumeCatalog {
   readonly description: string;
   create(name: string, size: number): Promise<VolumeInfo>;
+  /** Every volume with its figures (may cost requests per volume: for `baton ls`, not for NBD). */
   list(): Promise<VolumeInfo[]>;
+  /**
+   * The names of every volume and snapshot, sorted: at most one listing, no per-volume
+   * request. What NBD_OPT_LIST and the empty export name need; an unauthenticated client
+   * can ask for it as often as it likes.
+   */
+  names(): Promise<string[]>;
+  /**
+   * Object-store catalogs: the volume's record alone (one GET, no listing). NotFoundError if
+   * there is none. Without it, callers use info() (cheap for the local catalogs).
+   */
+  record?(name: string): Promise<VolumeIdentity>;
   info(name: string): Promise<VolumeInfo>;
   /** Removes the volume; says whether its stored data had to stay for relatives (forks). */
   remove(name: string): Promise<RemoveResult>;
@@ -149,6 +169,24 @@ export class FileCatalog implements VolumeCatalog {
     return out;
   }
 
+  /** One readdir, then one stat per entry (a local directory, not a store). */
+  async names(): Promise<string[]> {
+    let names: string[];
+    try {
+      names = await fsp.readdir(this.volumesDir);
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code === 'ENOENT') return [];
+      throw err;
+    }
+    const out: string[] = [];
+    for (const n of names.sort()) {
+      if (!NAME_RE.test(n)) continue;
+      // A directory without its record is a half-made (or half-removed) volume: not listed.
+      try { await fsp.access(path.join(this.volumesDir, n, 'volume.json')); out.push(n); } catch { /* not a volume */ }
+    }
+    return out;
+  }
+
   async info(name: string): Promise<VolumeInfo> {
     const dir = this.volDir(name);
     let rec: VolumeRecord;
@@ -201,6 +239,10 @@ export class MemoryCatalog implements VolumeCatalog {
 
   async list(): Promise<VolumeInfo[]> {
     return [...this.volumes.keys()].sort().map((n) => this.infoSync(n));
+  }
+
+  async names(): Promise<string[]> {
+    return [...this.volumes.keys()].sort();
   }
 
   private infoSync(name: string): VolumeInfo {

@@ -235,6 +235,17 @@ export class StoreCatalog implements VolumeCatalog {
     return Volume.open(rec, { ...this.opts.volume, store, cache: await this.opts.cache(), log, readOnly: true });
   }
 
+  /**
+   * Names of every volume and snapshot, from the keys of one listing of `volumes/` (no GET, no
+   * per-volume listing): what NBD_OPT_LIST and the empty export name cost.
+   */
+  async names(): Promise<string[]> {
+    const recs = await listAll(this.opts.store, keys.volumesPrefix);
+    return recs.map((o) => o.key.slice(keys.volumesPrefix.length)).filter((n) => {
+      try { checkExportName(n); return true; } catch { return false; } // a stray key is not a volume
+    });
+  }
+
   get logger(): Logger { return this.opts.log; }
 
   async open(name: string, options: { readOnly: boolean }): Promise<OpenVolume> {
