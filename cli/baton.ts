@@ -24,7 +24,6 @@ import { DEFAULT_LISTEN, defaultStoreUrl, isProcessLocalStore, parseListen } fro
 import { BatonError, InvalidArgumentError, NotFoundError, errorMessage, isBatonError } from '../src/errors.js';
 import { LOG_LEVELS, makeLogger } from '../src/log.js';
 import { formatSize, formatSizeArg, parseSize } from '../src/size.js';
-import type { VolumeInfo } from '../src/volumes.js';
 import { VolumeExports, defaultHostId, type OnHeld } from '../src/exports.js';
 import { openLeaseManager } from '../src/lease/open.js';
 import { BackgroundMaintenance, DEFAULT_COMPACT_BELOW, compactIdleVolumes, type CompactionReport } from '../src/maintenance.js';

@@ -98,7 +98,8 @@ export class StoreCatalog implements VolumeCatalog {
    * is a broken volume (a fork of it cannot be opened, and `rm` of its ancestors cannot
    * follow its ancestry). So after an ambiguous failure we read the name back:
    * - it holds our id: the put landed, the create succeeded;
-   * - it holds another id: the name is taken (AlreadyExists);
+   * - it holds another id: the name is taken (AlreadyExists); our meta is left for GC, as
+   *   our record may have landed, been forked from and removed in between;
    * - it is absent: the put did not land (yet): put again (a late landing of the earlier
    *   attempt then shows as a 412 followed by our id on the next read);
    * - unreadable, or still unresolved after a few tries: fail, leaving the meta in place.
@@ -123,7 +124,7 @@ export class StoreCatalog implements VolumeCatalog {
           throw new AlreadyExistsError(`${what} already exists in ${this.description}`);
         }
         if (err instanceof InvalidArgumentError) {
-          await this.opts.store.delete(keys.meta(rec.id)).catch(() => {}); // refused before it was sent
+          if (ambiguous === null) await this.opts.store.delete(keys.meta(rec.id)).catch(() => {}); // refused before it was sent
           throw err;
         }
         if (!(err instanceof PreconditionFailedError)) ambiguous = err;
