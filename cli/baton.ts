@@ -18,13 +18,12 @@ import { Command, InvalidArgumentError as CommanderInvalidArgument, Option } fro
 import { NbdServer, type ListenAddress } from '../nbd/server.js';
 import { defaultCacheDir, openCatalog, type CatalogOptions } from '../src/catalog.js';
 import { probeStore } from '../src/store/probe.js';
-import { StoreCatalog } from '../src/volume/catalog.js';
+import { StoreCatalog, type StoreVolumeInfo } from '../src/volume/catalog.js';
 import type { Logger } from '../src/log.js';
-import { DEFAULT_LISTEN, defaultStoreUrl, parseListen } from '../src/config.js';
-import { BatonError, errorMessage, isBatonError } from '../src/errors.js';
-import { makeLogger } from '../src/log.js';
-import { formatSize, parseSize } from '../src/size.js';
-import type { VolumeInfo } from '../src/volumes.js';
+import { DEFAULT_LISTEN, defaultStoreUrl, isProcessLocalStore, parseListen } from '../src/config.js';
+import { BatonError, InvalidArgumentError, NotFoundError, errorMessage, isBatonError } from '../src/errors.js';
+import { LOG_LEVELS, makeLogger } from '../src/log.js';
+import { formatSize, formatSizeArg, parseSize } from '../src/size.js';
 import { VolumeExports, defaultHostId, type OnHeld } from '../src/exports.js';
 import { openLeaseManager } from '../src/lease/open.js';
 import { BackgroundMaintenance, DEFAULT_COMPACT_BELOW, compactIdleVolumes, type CompactionReport } from '../src/maintenance.js';
@@ -41,6 +40,20 @@ function durationArg(v: string): number {
   const unit = { ms: 1, s: 1000, m: 60_000, h: 3_600_000 }[(m[2] ?? 's') as 'ms' | 's' | 'm' | 'h'];
   return Math.round(Number(m[1]) * unit);
 }
+
+/** Milliseconds the way durationArg reads them back (1h, 10m, 90s, 500ms): help shows defaults in the syntax it takes. */
+function durationText(ms: number): string {
+  if (ms > 0 && ms % 3_600_000 === 0) return `${ms / 3_600_000}h`;
+  if (ms > 0 && ms % 60_000 === 0) return `${ms / 60_000}m`;
+  if (ms % 1000 === 0) return `${ms / 1000}s`;
+  return `${ms}ms`;
+}
+
+/** An option taking a duration, with its default shown as it would be typed. */
+const durationOption = (flags: string, description: string, defaultMs: number): Option =>
+  new Option(flags, description).argParser(durationArg).default(defaultMs, durationText(defaultMs));
+
+const DEFAULT_CACHE_SIZE = 2 * 1024 ** 3;
 
 function fractionArg(v: string): number {
   const n = Number(v);
@@ -77,14 +90,20 @@ function printTable(rows: string[][]): void {
   for (const r of rows) process.stdout.write(r.map((c, i) => c.padEnd(widths[i]!)).join('  ').trimEnd() + '\n');
 }
 
+/** A snapshot whose volume was removed says so (a volume now under that name is another one). */
+function displayName(v: StoreVolumeInfo): string {
+  return v.snapshotOf && v.snapshotOf.volume === null ? `${v.name} (its volume was removed)` : v.name;
+}
+
 function printJson(v: unknown): void {
   process.stdout.write(JSON.stringify(v, null, 2) + '\n');
 }
 
-function volumeJson(v: VolumeInfo): Record<string, unknown> {
+function volumeJson(v: StoreVolumeInfo): Record<string, unknown> {
   return {
     name: v.name, kind: v.kind ?? 'volume', size: v.size, createdAt: v.createdAt, storedBytes: v.storedBytes,
     ...(v.parent ? { parent: v.parent } : {}),
+    ...(v.snapshotOf ? { snapshotOf: v.snapshotOf } : {}),
     ...(v.writtenBytes !== undefined ? { writtenBytes: v.writtenBytes, exclusiveBytes: v.exclusiveBytes, sharedBytes: v.sharedBytes } : {}),
   };
 }
@@ -116,7 +135,7 @@ withStore(program.command('serve')
   .option('--listen <host:port>', 'TCP address to listen on (loopback unless you ask)', DEFAULT_LISTEN)
   .option('--socket <path>', 'listen on a Unix socket instead of TCP')
   .option('--cache-dir <dir>', 'local read cache directory', defaultCacheDir())
-  .option('--cache-size <size>', 'local read cache capacity, e.g. 10G', sizeArg, 2 * 1024 ** 3)
+  .addOption(new Option('--cache-size <size>', 'local read cache capacity, e.g. 10G').argParser(sizeArg).default(DEFAULT_CACHE_SIZE, formatSizeArg(DEFAULT_CACHE_SIZE)))
   .option('--read-only', 'export every volume read-only')
   .option('--create <name>', 'create this volume first if it does not exist (with --size)')
   .option('--size <size>', 'size for --create, e.g. 10G', sizeArg)
@@ -127,10 +146,10 @@ withStore(program.command('serve')
   .option('--held-wait <seconds>', 'how long --on-held wait|takeover waits', secondsArg, 30)
   .option('--handshake-timeout <seconds>', 'close clients that do not finish the handshake in time', secondsArg, 30)
   .option('--idle-grace <seconds>', 'keep a volume open this long after its last client leaves', secondsArg, 5)
-  .option('--gc-interval <duration>', 'while serving volumes, compact them and collect garbage this often (0: never)', durationArg, DEFAULT_GC_GRACE_MS)
-  .option('--gc-grace <duration>', 'garbage collection grace period (see baton gc --help)', durationArg, DEFAULT_GC_GRACE_MS)
+  .addOption(durationOption('--gc-interval <duration>', 'while serving volumes, compact them and collect garbage this often (0: never)', DEFAULT_GC_GRACE_MS))
+  .addOption(durationOption('--gc-grace <duration>', 'garbage collection grace period (see baton gc --help)', DEFAULT_GC_GRACE_MS))
   .option('--compact-below <fraction>', 'rewrite objects of served volumes whose live fraction is below this', fractionArg, DEFAULT_COMPACT_BELOW)
-  .option('--log-level <level>', 'trace, debug, info, warn, error', process.env.BATON_LOG_LEVEL ?? 'info')
+  .option('--log-level <level>', LOG_LEVELS.join(', '), process.env.BATON_LOG_LEVEL ?? 'info')
   .addHelpText('after', `
 Examples:
   $ baton serve --create work --size 10G
@@ -140,7 +159,9 @@ Examples:
   $ nbdfuse /mnt/work nbd://127.0.0.1/work &         # or as a file through FUSE`)
   .action(async (opts: StoreFlags & LeaseFlags & { listen: string; socket?: string; cacheDir: string; cacheSize: number; readOnly?: boolean; create?: string; size?: number; handshakeTimeout: number; idleGrace: number; logLevel: string; onHeld: OnHeld; heldWait: number; gcInterval: number; gcGrace: number; compactBelow: number }) => {
     const log = makeLogger(opts.logLevel);
+    if (opts.size !== undefined && !opts.create) throw new InvalidArgumentError('--size is the size of the volume --create NAME makes; without --create it would do nothing (volumes are made with baton create NAME --size SIZE)');
     const catalog = catalogFor(opts, { log, cacheDir: opts.cacheDir, cacheSize: opts.cacheSize });
+    if (catalog instanceof StoreCatalog) await checkCacheDir(catalog, opts.cacheDir);
     await probeBeforeServing(catalog, !!opts.readOnly, log);
     if (opts.create) {
       if (opts.size === undefined) throw new BatonError('BATON_ERR_INVALID_ARGUMENT', '--create needs --size (for example --size 10G)');
@@ -192,8 +213,14 @@ Examples:
   $ baton create scratch --size 512M --store file:/tmp/baton --json`)
   .action(async (name: string, opts: StoreFlags & { size: number; json?: boolean }) => {
     const v = await catalogFor(opts).create(name, opts.size);
-    if (opts.json) printJson(volumeJson(v));
+    // memory: and ram: live in this process: the volume is gone as soon as we exit.
+    const gone = isProcessLocalStore(opts.store)
+      ? `${opts.store} keeps volumes only while the process that made them runs, so ${v.name} is gone now that baton create exits; `
+        + `for a volume that lasts use file:DIR or s3://, or make it where it is served: baton serve --store ${opts.store} --create ${v.name} --size ${formatSizeArg(v.size)}`
+      : null;
+    if (opts.json) printJson({ ...volumeJson(v), ...(gone ? { processLocal: true } : {}) });
     else process.stdout.write(`created volume ${v.name} (${formatSize(v.size)}) in ${opts.store}\n`);
+    if (gone) process.stderr.write(`baton: note: ${gone}\n`);
   });
 
 withStore(program.command('ls')
@@ -206,7 +233,7 @@ withStore(program.command('ls')
     if (opts.json) { printJson(vols.map(volumeJson)); return; }
     if (vols.length === 0) { process.stdout.write(`no volumes in ${opts.store} (create one: baton create NAME --size 10G)\n`); return; }
     const fmt = (n: number | undefined): string => (n === undefined ? '-' : formatSize(n));
-    printTable([['NAME', 'SIZE', 'STORED', 'WRITTEN', 'EXCLUSIVE', 'SHARED', 'CREATED'], ...vols.map((v) => [v.name, formatSize(v.size), formatSize(v.storedBytes), fmt(v.writtenBytes), fmt(v.exclusiveBytes), fmt(v.sharedBytes), v.createdAt])]);
+    printTable([['NAME', 'SIZE', 'STORED', 'WRITTEN', 'EXCLUSIVE', 'SHARED', 'CREATED'], ...vols.map((v: StoreVolumeInfo) => [displayName(v), formatSize(v.size), formatSize(v.storedBytes), fmt(v.writtenBytes), fmt(v.exclusiveBytes), fmt(v.sharedBytes), v.createdAt])]);
   });
 
 withStore(program.command('info')
@@ -216,10 +243,13 @@ withStore(program.command('info')
   .addHelpText('after', '\nExamples:\n  $ baton info work\n  $ baton info work --json')
   .action(async (name: string, opts: StoreFlags & { json?: boolean }) => {
     const c = catalogFor(opts);
-    const v = c instanceof StoreCatalog ? (await c.listWithAccounting()).find((x) => x.name === name) ?? await c.info(name) : await c.info(name);
+    const v: StoreVolumeInfo = c instanceof StoreCatalog ? (await c.listWithAccounting()).find((x) => x.name === name) ?? await c.info(name) : await c.info(name);
     if (opts.json) { printJson(volumeJson(v)); return; }
     const lines = [
       `name:      ${v.name}${v.kind === 'snapshot' ? ' (snapshot, read-only)' : ''}`,
+      ...(v.snapshotOf ? [`of:        ${v.snapshotOf.volume !== null
+        ? `volume ${v.snapshotOf.volume}${v.snapshotOf.id ? ` (id ${v.snapshotOf.id})` : ''}`
+        : `a removed volume${v.snapshotOf.id ? ` (id ${v.snapshotOf.id})` : ''}, not any volume named ${v.name.slice(0, v.name.indexOf('@'))} now`}`] : []),
       `size:      ${formatSize(v.size)} (${v.size} bytes)`,
       `stored:    ${formatSize(v.storedBytes)} under its own prefix`,
       ...(v.writtenBytes !== undefined ? [`written:   ${formatSize(v.writtenBytes)} mapped`, `exclusive: ${formatSize(v.exclusiveBytes ?? 0)} (freed if it is removed)`, `shared:    ${formatSize(v.sharedBytes ?? 0)} with forks and snapshots`] : []),
@@ -231,25 +261,57 @@ withStore(program.command('info')
   });
 
 withLease(withStore(program.command('rm')
-  .description('remove a volume (or NAME@SNAP) and its data; refused while a host serves it')
+  .description('remove a volume (or NAME@SNAP) and its data; refused while a host serves it, or while it has snapshots')
   .argument('<name>')))
-  .option('--force', 'remove even if a host holds its lease (that host\'s clients lose the volume)')
-  .addHelpText('after', '\nExamples:\n  $ baton rm scratch\n  $ baton rm work@monday\n  $ baton rm work --redis redis://10.0.0.5:6379')
-  .action(async (name: string, opts: StoreFlags & LeaseFlags & { force?: boolean }) => {
-    if (!opts.force && !name.includes('@')) {
-      const leases = await leaseManagerFor(opts);
+  .option('--snapshots', 'also remove the volume\'s snapshots (first); without it a volume with snapshots is refused')
+  .option('--force', 'remove even if a host is serving it: its lease is broken, so that host notices at its next lease renewal, stops serving the volume (fenced) and disconnects its clients')
+  .addHelpText('after', `
+A snapshot belongs to the volume it was taken of: removing a volume that has snapshots is
+refused unless --snapshots removes them too. Data a fork still maps stays in the store
+(garbage collection deletes it once nothing needs it).
+
+Examples:
+  $ baton rm scratch
+  $ baton rm work@monday
+  $ baton rm work --snapshots
+  $ baton rm work --redis redis://10.0.0.5:6379`)
+  .action(async (name: string, opts: StoreFlags & LeaseFlags & { force?: boolean; snapshots?: boolean }) => {
+    const catalog = catalogFor(opts);
+    // Snapshots are served read-only, without a lease.
+    const leases = name.includes('@') ? null : await leaseManagerFor(opts);
+    try {
+      const held = leases ? await leases.inspect(name) : null;
+      if (held?.holder && !opts.force) throw new BatonError('BATON_ERR_LEASE_HELD', `volume ${name} is being served by ${held.holder}; detach its clients (the lease is given back after --idle-grace) or hand it over, then retry; --force removes it anyway (and breaks that host's lease)`);
+      let r;
       try {
-        const l = await leases.inspect(name);
-        if (l && l.holder) throw new BatonError('BATON_ERR_LEASE_HELD', `volume ${name} is being served by ${l.holder}; detach its clients (the lease is given back after --idle-grace) or hand it over, then retry; --force removes it anyway`);
+        r = catalog instanceof StoreCatalog ? await catalog.remove(name, { snapshots: !!opts.snapshots }) : { ...(await catalog.remove(name)), removedSnapshots: [] };
       } finally {
-        await leases.close();
+        // --force: break the lease once the record is gone (also if rm failed after that), not
+        // before: the holder, fenced, must find nothing to reopen under that name. Without it,
+        // a host serving a removed volume would go on serving its old bytes under that name.
+        if (opts.force && leases && await isGone(catalog, name)) {
+          const revoked = await leases.revoke(name);
+          if (revoked) process.stdout.write(`broke the lease ${held?.holder ? `of ${held.holder} ` : ''}on ${name}: that host notices at its next lease renewal (within ${opts.leaseTtl} s of the lease TTL), stops serving it and disconnects its clients\n`);
+        }
       }
+      if (r.removedSnapshots.length > 0) process.stdout.write(`removed snapshot${r.removedSnapshots.length > 1 ? 's' : ''} ${r.removedSnapshots.join(', ')}\n`);
+      process.stdout.write(r.keptForRelatives
+        ? `removed ${name}; its data stays in the store because forks or snapshots still use it\n`
+        : `removed ${name}\n`);
+    } finally {
+      await leases?.close();
     }
-    const r = await catalogFor(opts).remove(name);
-    process.stdout.write(r.keptForRelatives
-      ? `removed ${name}; its data stays in the store because forks or snapshots still use it\n`
-      : `removed ${name}\n`);
   });
+
+/** Is the record of `name` gone (a definite "not found")? */
+async function isGone(catalog: { info(name: string): Promise<unknown> }, name: string): Promise<boolean> {
+  try {
+    await catalog.info(name);
+    return false;
+  } catch (err) {
+    return err instanceof NotFoundError;
+  }
+}
 
 withStore(program.command('fork')
   .description('fork a volume (or NAME@SNAP) into a new writable volume, in O(1): no data is copied')
@@ -294,10 +356,13 @@ withStore(program.command('diff')
   .option('--json', 'print JSON')
   .addHelpText('after', '\nExamples:\n  $ baton diff work attempt-1\n  $ baton diff work@monday work --json')
   .action(async (a: string, b: string, opts: StoreFlags & { json?: boolean }) => {
-    const ranges = await storeCatalog(opts, 'diff').diff(a, b);
+    const c = storeCatalog(opts, 'diff');
+    const [ranges, sharedHistory] = await Promise.all([c.diff(a, b), c.shareHistory(a, b)]);
     const total = ranges.reduce((n, r) => n + r.length, 0);
-    if (opts.json) { printJson({ a, b, differentBytes: total, ranges }); return; }
+    if (opts.json) { printJson({ a, b, sharedHistory, differentBytes: total, ranges }); return; }
     for (const r of ranges) process.stdout.write(`${r.offset}\t${r.length}\n`);
+    // Without a common ancestor the ranges are just everything either one has written.
+    if (!sharedHistory) process.stderr.write(`${a} and ${b} share no history (neither descends from the other or from a common volume): the ranges are everything either of them has written, not changes since a common point\n`);
     process.stderr.write(`${ranges.length} ranges, ${formatSize(total)} differ\n`);
   });
 
@@ -317,7 +382,7 @@ function withLease(cmd: Command): Command {
 
 withLease(withStore(program.command('gc')
   .description('delete objects no volume, fork or snapshot needs any more; with --compact, first rewrite mostly-dead data')))
-  .option('--grace <duration>', 'only objects unreferenced for this long are deleted (at least 2x BATON_MAX_OPERATION_MS, default 60 s)', durationArg, DEFAULT_GC_GRACE_MS)
+  .addOption(durationOption('--grace <duration>', 'only objects unreferenced for this long are deleted (at least twice BATON_MAX_OPERATION_MS, which is 60 s unless set)', DEFAULT_GC_GRACE_MS))
   .option('--dry-run', 'report what would be marked and deleted; delete nothing, mark nothing')
   .option('--compact', 'first compact every volume no host is serving (takes its lease, like an attach)')
   .option('--compact-below <fraction>', 'with --compact: rewrite objects whose live fraction is below this', fractionArg, DEFAULT_COMPACT_BELOW)
@@ -416,6 +481,18 @@ withLease(withStore(program.command('status')
       await leases.close();
     }
   });
+
+/**
+ * Make the read cache now: a --cache-dir that cannot hold it (a file, unwritable) is
+ * reported at start with what to do, not found out at every attach later.
+ */
+async function checkCacheDir(catalog: StoreCatalog, dir: string): Promise<void> {
+  try {
+    await catalog.readCache();
+  } catch (err) {
+    throw new InvalidArgumentError(`--cache-dir ${dir} cannot hold the read cache (${errorMessage(err)}): name a directory this user may write, or leave the option out (default ${defaultCacheDir()})`);
+  }
+}
 
 /** Refuse to serve read-write on a store that does not honour create-only puts: fencing would be a lie. */
 async function probeBeforeServing(catalog: unknown, readOnly: boolean, log: Logger): Promise<void> {

@@ -29,3 +29,11 @@ export function parseListen(v: string): ListenAddress {
   if (port > 65535) throw new InvalidArgumentError(`port out of range: ${port}`);
   return { host: (m[1] ?? m[2])!, port };
 }
+
+/**
+ * Stores whose volumes live only as long as the process that opened them (`memory:` under
+ * the engine, `ram:` without it): a volume `baton create` makes there is gone when it exits.
+ */
+export function isProcessLocalStore(url: string): boolean {
+  return url === 'memory:' || url === 'memory://' || url === 'ram:';
+}

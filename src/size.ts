@@ -20,3 +20,12 @@ export function formatSize(n: number): string {
   const s = Number.isInteger(v) ? String(v) : v.toFixed(v < 10 ? 2 : 1);
   return `${s} ${UNITS[i]!.toUpperCase()}iB`;
 }
+
+/** A size the way parseSize reads it back, in the largest unit that divides it exactly: 2G, 512M, 4096. */
+export function formatSizeArg(n: number): string {
+  for (let i = UNITS.length - 1; i > 0; i--) {
+    const u = 1024 ** i;
+    if (n >= u && n % u === 0) return `${n / u}${UNITS[i]!.toUpperCase()}`;
+  }
+  return String(n);
+}

@@ -1,12 +1,15 @@
 /**
  * StoreCatalog: volumes in an object store (the engine behind `file:DIR` and `s3://`).
  * A volume exists exactly when its record `volumes/<name>` exists; the record is created
- * with a create-only put, so two hosts creating the same name cannot both succeed.
+ * with a create-only put, so two hosts creating the same name cannot both succeed, and
+ * creating it is all or nothing (putRecord). A snapshot belongs to the volume identity it
+ * was taken of (`of`), and a volume with snapshots is not removed without them. `rm`
+ * deletes data only when it knows nothing descends from it (remove, hasDescendants).
  */
 
 import { randomBytes } from 'node:crypto';
 import type { BlockCache } from '../cache.js';
-import { AlreadyExistsError, InvalidArgumentError, NotFoundError, PreconditionFailedError, TimeoutError } from '../errors.js';
+import { AlreadyExistsError, BatonError, CorruptError, InvalidArgumentError, NotFoundError, PreconditionFailedError, StoreUnavailableError, TimeoutError, errorMessage } from '../errors.js';
 import { accountMaps, diffMaps, type MappedExtent, type Range } from '../../cow/diff.js';
 import type { Logger } from '../log.js';
 import { listAll, type ObjectStore } from '../store/object-store.js';
@@ -22,6 +25,51 @@ export interface StoreCatalogOptions {
   volume?: Partial<Omit<VolumeOptions, 'store' | 'cache' | 'log' | 'readOnly'>>;
 }
 
+/** Attempts at a name record's put whose earlier attempts provably did not land. */
+const PUT_RECORD_ATTEMPTS = 3;
+const MAX_ANCESTRY = 10_000;
+
+/** For a snapshot: the volume identity it was taken of; `volume` is null when that volume is gone. */
+export interface SnapshotOf {
+  /** The id of the volume it was taken of (null: an old record without `of`, whose volume is gone). */
+  id: string | null;
+  /** The name of that volume, while it exists (a volume created later under the same name is another one). */
+  volume: string | null;
+}
+
+export interface StoreVolumeInfo extends VolumeInfo {
+  snapshotOf?: SnapshotOf;
+}
+
+export interface RemoveOptions {
+  /** Remove the volume's snapshots with it (otherwise a volume with snapshots is refused). */
+  snapshots?: boolean;
+}
+
+export interface StoreRemoveResult extends RemoveResult {
+  /** Snapshots removed first (with `snapshots`). */
+  removedSnapshots: string[];
+}
+
+/** "work" for "work@monday". */
+function volumeNameOf(snapshotName: string): string {
+  return snapshotName.slice(0, snapshotName.indexOf('@'));
+}
+
+/** Is `snap` a snapshot of `vol` (by identity; records without `of`, by name)? */
+function isSnapshotOf(snap: VolumeRecord, vol: VolumeRecord): boolean {
+  if (!snap.snapshot || vol.snapshot || volumeNameOf(snap.name) !== vol.name) return false;
+  return snap.of === undefined || snap.of === vol.id;
+}
+
+/** The same kind of error (same code, so the CLI's exit code and retry decisions hold) with a message that says what happened. */
+function rewrap(err: unknown, message: string): BatonError {
+  if (err instanceof StoreUnavailableError) return new StoreUnavailableError(message, { cause: err });
+  if (err instanceof CorruptError) return new CorruptError(message);
+  if (err instanceof BatonError) return new BatonError(err.code, message, { cause: err });
+  return new BatonError('BATON_ERR_IO', message, { cause: err });
+}
+
 export class StoreCatalog implements VolumeCatalog {
   readonly description: string;
   constructor(private readonly opts: StoreCatalogOptions) {
@@ -29,6 +77,9 @@ export class StoreCatalog implements VolumeCatalog {
   }
 
   get store(): ObjectStore { return this.opts.store; }
+
+  /** The process-wide read cache (made on first use; `serve` makes it at start, so a bad cache directory is reported then, not at every attach). */
+  readCache(): Promise<BlockCache> { return this.opts.cache(); }
 
   async create(name: string, size: number): Promise<VolumeInfo> {
     checkVolumeName(name);
@@ -38,16 +89,63 @@ export class StoreCatalog implements VolumeCatalog {
     return { name, size, createdAt: rec.createdAt, storedBytes: 0, kind: 'volume' };
   }
 
-  /** The id-keyed copy first (harmless if the name then turns out taken), then the name. */
-  private async putRecord(rec: VolumeRecord): Promise<void> {
-    await this.opts.store.put(keys.meta(rec.id), encodeVolumeRecord(rec), { ifNoneMatch: true });
-    try {
-      await this.opts.store.put(keys.volumeRecord(rec.name), encodeVolumeRecord(rec), { ifNoneMatch: true });
-    } catch (err) {
-      await this.opts.store.delete(keys.meta(rec.id)).catch(() => {});
-      if (err instanceof PreconditionFailedError) throw new AlreadyExistsError(`${rec.snapshot ? 'snapshot' : 'volume'} "${rec.name}" already exists in ${this.description}`);
-      throw err;
+  /**
+   * Create a record, all or nothing: the id-keyed copy (`meta`) first, then the name.
+   *
+   * The name's create-only put is the commit point. Its outcome must be KNOWN before the
+   * meta may go: a put that failed ambiguously (a 503, a timeout, a lost reply, a local
+   * fsync that failed after the link) may have landed, and a name record without its meta
+   * is a broken volume (a fork of it cannot be opened, and `rm` of its ancestors cannot
+   * follow its ancestry). So after an ambiguous failure we read the name back:
+   * - it holds our id: the put landed, the create succeeded;
+   * - it holds another id: the name is taken (AlreadyExists); our meta is left for GC, as
+   *   our record may have landed, been forked from and removed in between;
+   * - it is absent: the put did not land (yet): put again (a late landing of the earlier
+   *   attempt then shows as a 412 followed by our id on the next read);
+   * - unreadable, or still unresolved after a few tries: fail, leaving the meta in place.
+   *   A meta that no record names is harmless (nothing reads it) and GC deletes it.
+   * The meta is deleted only after a 412 that no ambiguous attempt of ours preceded: the
+   * name was someone else's before we wrote (the retrying store resolves a 412 that follows
+   * its own lost reply by reading the put id back), so nothing can ever name our id.
+   */
+  private async putRecord(rec: VolumeRecord, advice = 'if it is there, it was created; if not, nothing needs cleaning up'): Promise<void> {
+    const what = `${rec.snapshot ? 'snapshot' : 'volume'} "${rec.name}"`;
+    const body = encodeVolumeRecord(rec);
+    // Ids are random: this put only fails for a store error, and a meta nothing names is garbage.
+    await this.opts.store.put(keys.meta(rec.id), body, { ifNoneMatch: true });
+    let ambiguous: unknown = null;
+    for (let attempt = 1; attempt <= PUT_RECORD_ATTEMPTS; attempt++) {
+      try {
+        await this.opts.store.put(keys.volumeRecord(rec.name), body, { ifNoneMatch: true });
+        return;
+      } catch (err) {
+        if (err instanceof PreconditionFailedError && ambiguous === null) {
+          await this.opts.store.delete(keys.meta(rec.id)).catch(() => {}); // never named: see above
+          throw new AlreadyExistsError(`${what} already exists in ${this.description}`);
+        }
+        if (err instanceof InvalidArgumentError) {
+          if (ambiguous === null) await this.opts.store.delete(keys.meta(rec.id)).catch(() => {}); // refused before it was sent
+          throw err;
+        }
+        if (!(err instanceof PreconditionFailedError)) ambiguous = err;
+      }
+      // Ambiguous so far: what does the name hold now?
+      let holder: string | null;
+      try {
+        holder = (await this.record(rec.name)).id;
+      } catch (err) {
+        if (!(err instanceof NotFoundError)) { ambiguous = err; break; }
+        holder = null;
+      }
+      if (holder === rec.id) return; // an earlier attempt landed
+      if (holder !== null) throw new AlreadyExistsError(`${what} already exists in ${this.description}`); // our meta is left for GC
+      this.opts.log.warn({ name: rec.name, attempt, err: errorMessage(ambiguous) }, 'creating a record failed and it did not land; trying again');
     }
+    throw new StoreUnavailableError(
+      `could not tell whether ${what} was created in ${this.description} (${errorMessage(ambiguous)}): `
+      + `see baton info ${rec.name}: ${advice} (an id record left behind is deleted by baton gc)`,
+      { cause: ambiguous },
+    );
   }
 
   /**
@@ -97,9 +195,11 @@ export class StoreCatalog implements VolumeCatalog {
       const parent = await this.forkPoint(src);
       const rec: VolumeRecord = {
         format: 'baton-volume-1', name, id: randomBytes(8).toString('hex'), size: src.size, createdAt: new Date().toISOString(), parent,
-        ...(snapshot ? { snapshot: true } : {}),
+        // A snapshot belongs to one volume identity, not to a name that may be reused.
+        ...(snapshot ? { snapshot: true, of: src.id } : {}),
       };
-      await this.putRecord(rec);
+      // A record that may land after we gave up could land later than GC allows (above).
+      await this.putRecord(rec, `if it is there, remove it (baton rm ${name}) and make it again, since it cannot be trusted against garbage collection; if not, nothing needs cleaning up`);
       await this.confirmSource(srcName, src, rec);
       const ms = performance.now() - t0;
       if (ms <= this.maxOpMs / 2) return rec;
@@ -139,40 +239,101 @@ export class StoreCatalog implements VolumeCatalog {
     }
   }
 
-  private async describe(rec: VolumeRecord): Promise<VolumeInfo> {
+  /** The volume record `name` names, or null if there is none (a definite NotFound, nothing else). */
+  private async recordOrNull(name: string): Promise<VolumeRecord | null> {
+    try {
+      return await this.record(name);
+    } catch (err) {
+      if (err instanceof NotFoundError) return null;
+      throw err;
+    }
+  }
+
+  /**
+   * What a snapshot is of: `of` names the volume's identity, so a volume created later under
+   * the same name never inherits it (`volume: null`: the volume it was taken of is gone).
+   * Records made before `of` existed are attributed by name, as they were then.
+   */
+  private snapshotOf(snap: VolumeRecord, volumeNow: VolumeRecord | null): SnapshotOf {
+    const volume = volumeNow !== null && isSnapshotOf(snap, volumeNow) ? volumeNow.name : null;
+    return { id: snap.of ?? (volume !== null ? volumeNow!.id : null), volume };
+  }
+
+  private async describe(rec: VolumeRecord, volumeNow: VolumeRecord | null): Promise<StoreVolumeInfo> {
     const objs = await listAll(this.opts.store, keys.volumePrefix(rec.id));
     return {
       name: rec.name, size: rec.size, createdAt: rec.createdAt, storedBytes: objs.reduce((n, o) => n + o.size, 0),
       kind: rec.snapshot ? 'snapshot' : 'volume', ...(rec.parent ? { parent: rec.parent } : {}),
+      ...(rec.snapshot ? { snapshotOf: this.snapshotOf(rec, volumeNow) } : {}),
     };
   }
 
-  async list(): Promise<VolumeInfo[]> {
-    const recs = await listAll(this.opts.store, keys.volumesPrefix);
-    const infos = await mapLimit(recs, 8, async (o) => {
-      try {
-        return await this.describe(decodeVolumeRecord(await this.opts.store.get(o.key), o.key));
-      } catch (err) {
-        if (err instanceof NotFoundError) return null; // removed while we listed
-        throw err;
-      }
-    });
-    return infos.filter((v): v is VolumeInfo => v !== null);
+  async list(): Promise<StoreVolumeInfo[]> {
+    const recs = await this.allRecords();
+    const byName = new Map(recs.map((r) => [r.name, r]));
+    return mapLimit(recs, 8, (r) => this.describe(r, r.snapshot ? byName.get(volumeNameOf(r.name)) ?? null : null));
   }
 
-  async info(name: string): Promise<VolumeInfo> {
-    return this.describe(await this.record(name));
+  async info(name: string): Promise<StoreVolumeInfo> {
+    const rec = await this.record(name);
+    return this.describe(rec, rec.snapshot ? await this.recordOrNull(volumeNameOf(name)) : null);
   }
 
   /**
-   * Remove a volume or snapshot. The record goes first: from then on it does not exist. Its
-   * objects are deleted only if no fork or snapshot descends from it (they may map its
-   * objects); otherwise they stay for garbage collection, which knows who still needs them.
+   * Remove a volume or snapshot. A volume with snapshots is refused unless `snapshots` is
+   * set; then they are removed first (a snapshot belongs to one volume identity and must not
+   * outlive it to be taken for a later volume's under the same name).
+   *
+   * For each record: (1) find out whether anything descends from it, BEFORE anything is
+   * deleted: if that cannot be told (a store error, an ancestry that cannot be followed),
+   * nothing is removed. (2) Delete the record: from then on it does not exist. (3) Look
+   * again, now that no new fork can start from it (the write-then-check with confirmSource),
+   * and delete its objects only if nothing descends from it; descendants may map its
+   * objects, which then stay for garbage collection, which knows who still needs them.
    */
-  async remove(name: string): Promise<RemoveResult> {
+  async remove(name: string, opts: RemoveOptions = {}): Promise<StoreRemoveResult> {
     const rec = await this.record(name);
-    await this.opts.store.delete(keys.volumeRecord(name));
-    if (await this.hasDescendants(rec.id)) return { deletedObjects: 0, keptForRelatives: true };
+    const snaps = rec.snapshot ? [] : (await this.allRecords()).filter((r) => isSnapshotOf(r, rec));
+    if (snaps.length > 0 && !opts.snapshots) {
+      throw new InvalidArgumentError(`volume ${name} has ${snaps.length} snapshot${snaps.length > 1 ? 's' : ''}: ${snaps.map((r) => r.name).join(', ')}; `
+        + `remove ${snaps.length > 1 ? 'them' : 'it'} first (baton rm NAME@SNAP), or together with the volume: baton rm ${name} --snapshots`);
+    }
+    // With snapshots to remove first: make sure the volume's own check can be done at all,
+    // so that a transient error removes nothing rather than only the snapshots.
+    if (snaps.length > 0) await this.descendantsBeforeRemoving(rec);
+    const removedSnapshots: string[] = [];
+    for (const s of snaps) {
+      try {
+        await this.removeRecord(s);
+      } catch (err) {
+        throw rewrap(err, `${errorMessage(err)}${removedSnapshots.length ? ` (already removed: ${removedSnapshots.join(', ')})` : ''}; ${name} was not removed`);
+      }
+      removedSnapshots.push(s.name);
+    }
+    return { ...(await this.removeRecord(rec)), removedSnapshots };
+  }
+
+  /** Step (1) of remove: true/false if it can be told, else an error saying nothing was removed. */
+  private async descendantsBeforeRemoving(rec: VolumeRecord): Promise<boolean> {
+    try {
+      return await this.hasDescendants(rec.id);
+    } catch (err) {
+      throw rewrap(err, `cannot tell whether forks or snapshots of ${rec.name} still need its data, so nothing was removed: ${errorMessage(err)}; try again`);
+    }
+  }
+
+  private async removeRecord(rec: VolumeRecord): Promise<RemoveResult> {
+    const before = await this.descendantsBeforeRemoving(rec);
+    await this.opts.store.delete(keys.volumeRecord(rec.name));
+    if (before) return { deletedObjects: 0, keptForRelatives: true }; // descendants do not vanish by themselves
+    let after: boolean;
+    try {
+      after = await this.hasDescendants(rec.id);
+    } catch (err) {
+      throw rewrap(err, `${rec.name} was removed, but whether forks or snapshots still need its data could not be told (${errorMessage(err)}); `
+        + 'its data stays in the store, and baton gc deletes it once nothing needs it');
+    }
+    if (after) return { deletedObjects: 0, keptForRelatives: true };
     const objs = await listAll(this.opts.store, keys.volumePrefix(rec.id));
     // meta last: while any object is left, the id still explains what it belongs to.
     const meta = keys.meta(rec.id);
@@ -181,28 +342,61 @@ export class StoreCatalog implements VolumeCatalog {
     return { deletedObjects: objs.length, keptForRelatives: false };
   }
 
-  /** Does any existing volume or snapshot have `id` among its ancestors? */
+  /**
+   * Does any existing volume or snapshot have `id` among its ancestors? Answers false only
+   * when it KNOWS: every record's ancestry was followed to its root (a meta without a
+   * parent). "Does not exist" is trusted only as a definite NotFound, and only where it
+   * means what it says:
+   * - a record listed and then NotFound was removed meanwhile: it descends from nothing;
+   * - an ancestor's meta NotFound while the record naming it still exists: the chain is
+   *   broken (a meta lost by some earlier failure), so whether the record descends from
+   *   `id` cannot be told; a record whose own name is gone by then was being undone.
+   * Any other error (a 503, a timeout, an unreadable meta) is "cannot tell" too. A definite
+   * "yes" from one record outweighs a "cannot tell" from another (keeping data is safe).
+   */
   private async hasDescendants(id: string): Promise<boolean> {
     const recs = await this.allRecords();
-    const metaCache = new Map<string, VolumeRecord | null>();
-    const parentOf = async (vid: string): Promise<string | undefined> => {
-      if (!metaCache.has(vid)) metaCache.set(vid, await this.opts.store.get(keys.meta(vid)).then((b) => decodeVolumeRecord(b, vid), () => null));
-      return metaCache.get(vid)?.parent?.id;
+    const metas = new Map<string, VolumeRecord | null>();
+    const metaOf = async (vid: string): Promise<VolumeRecord | null> => {
+      if (!metas.has(vid)) {
+        const key = keys.meta(vid);
+        try {
+          metas.set(vid, decodeVolumeRecord(await this.opts.store.get(key), key));
+        } catch (err) {
+          if (!(err instanceof NotFoundError)) throw rewrap(err, `reading ${key} failed: ${errorMessage(err)}`);
+          metas.set(vid, null);
+        }
+      }
+      return metas.get(vid)!;
     };
+    let unknown: unknown = null;
     for (const r of recs) {
-      let p = r.parent?.id;
-      for (let depth = 0; p && depth < 10_000; depth++) {
-        if (p === id) return true;
-        p = await parentOf(p);
+      if (r.id === id) continue;
+      try {
+        let p = r.parent?.id;
+        for (let depth = 0; p !== undefined; depth++) {
+          if (p === id) return true;
+          if (depth >= MAX_ANCESTRY) throw new CorruptError(`the ancestry of ${r.name} is deeper than ${MAX_ANCESTRY} (a cycle?)`);
+          const m = await metaOf(p);
+          if (m === null) {
+            const still = await this.recordOrNull(r.name);
+            if (still === null || still.id !== r.id) break; // r itself is gone: it descends from nothing
+            throw new CorruptError(`${r.name} names ancestor ${p}, whose record ${keys.meta(p)} is gone, so its ancestry cannot be followed`);
+          }
+          p = m.parent?.id;
+        }
+      } catch (err) {
+        unknown ??= err;
       }
     }
+    if (unknown !== null) throw unknown;
     return false;
   }
 
   async allRecords(): Promise<VolumeRecord[]> {
     const objs = await listAll(this.opts.store, keys.volumesPrefix);
     const recs = await mapLimit(objs, 8, (o) => this.opts.store.get(o.key).then((b) => decodeVolumeRecord(b, o.key), (err) => {
-      if (err instanceof NotFoundError) return null;
+      if (err instanceof NotFoundError) return null; // removed while we listed
       throw err;
     }));
     return recs.filter((r): r is VolumeRecord => r !== null);
@@ -215,8 +409,33 @@ export class StoreCatalog implements VolumeCatalog {
     return diffMaps(va.committedExtents(), vb.committedExtents());
   }
 
+  /**
+   * Do two volumes/snapshots share history (one volume id in both ancestries, themselves
+   * included)? If not, a diff's ranges are simply everything either has written.
+   */
+  async shareHistory(a: string, b: string): Promise<boolean> {
+    const [ra, rb] = await Promise.all([this.record(a), this.record(b)]);
+    const [ia, ib] = await Promise.all([this.lineage(ra), this.lineage(rb)]);
+    return ia.some((x) => ib.includes(x));
+  }
+
+  /** A record's id and its ancestors' ids, nearest first (as far as their metas go). */
+  private async lineage(rec: VolumeRecord): Promise<string[]> {
+    const ids = [rec.id];
+    for (let p = rec.parent?.id; p !== undefined && ids.length <= MAX_ANCESTRY;) {
+      ids.push(p);
+      const key = keys.meta(p);
+      const m = await this.opts.store.get(key).then((buf) => decodeVolumeRecord(buf, key), (err) => {
+        if (err instanceof NotFoundError) return null;
+        throw err;
+      });
+      p = m?.parent?.id;
+    }
+    return ids;
+  }
+
   /** Every volume and snapshot with space accounting (loads every map: O(total extents)). */
-  async listWithAccounting(): Promise<VolumeInfo[]> {
+  async listWithAccounting(): Promise<StoreVolumeInfo[]> {
     const infos = await this.list();
     const maps = new Map<string, MappedExtent[]>();
     await mapLimit(infos, 4, async (v) => { maps.set(v.name, [...(await this.loadMap(v.name)).committedExtents()]); });

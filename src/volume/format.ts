@@ -3,7 +3,8 @@
  * modified; the only "mutation" is creating the next log position, with a create-only put.
  *
  *   volumes/<name>                     volume record (JSON): id, size. Create-only: names are unique.
- *   volumes/<name>@<snap>              snapshot record: read-only, a pointer to (volume id, log seq).
+ *   volumes/<name>@<snap>              snapshot record: read-only, a pointer to (volume id, log seq),
+ *                                      and `of`: the id of the volume it was taken of.
  *   vol/<id>/meta                      a copy of the record under the id, so a fork can find its
  *                                      parent's ancestry even after the parent's name is removed.
  *   vol/<id>/log/<seq:20>              log record: header (JSON) + inline data. Create-only at the
@@ -68,6 +69,12 @@ export interface VolumeRecord {
   parent?: { id: string; seq: number };
   /** Snapshots are read-only forever. */
   snapshot?: boolean;
+  /**
+   * Snapshots: the id of the volume they were taken of. A snapshot belongs to that identity,
+   * not to its name prefix (a later volume may reuse the name). Absent in records made before
+   * it existed: those are attributed by name.
+   */
+  of?: string;
 }
 
 export function encodeVolumeRecord(r: VolumeRecord): Buffer {

@@ -529,20 +529,22 @@ withQemu('snapshot: read-only over NBD (flag, EPERM, qemu-io refused), old conte
   }
   for (const cmd of ['fork', 'snapshot', 'diff']) t.regex((await cliOk([cmd, '--help'])).stdout, /Examples:\n\s+\$ baton /, `baton ${cmd} --help`);
 
-  // remove the parent: the snapshot and the fork keep what they map (checked by a new process)
+  // remove the parent: refused while it has a snapshot (a snapshot belongs to its volume);
+  // with --snapshots both go, and the forks keep what they map (checked by a new process)
   await A.stop();
   t.is(A.proc.exitCode, 0, A.stderr());
-  const rm = await cliOk(['rm', 'sv', '--store', store]);
-  t.regex(rm.stdout, /stays in the store because forks or snapshots still use it/);
+  const refused = await cli(['rm', 'sv', '--store', store]);
+  t.is(refused.code, 2, refused.output);
+  t.regex(refused.stderr, /volume sv has 1 snapshot: sv@s1; .*baton rm sv --snapshots/);
   const back2 = await cliJson<VolJson>(['fork', 'sv@s1', 'back2', '--store', store]);
   t.deepEqual(back2.parent, snap.parent);
   const B = await serverOn(t, store, ['--idle-grace', '0.2']);
   await qemuIoOk(t, B.uri('sv@s1'), ['read -P 0xa1 0 1M', 'read -P 0xa2 8M 64k', 'read -P 0 16M 1M'], true);
-  await qemuIoOk(t, B.uri('back'), ['read -P 0xc1 0 4k', 'read -P 0xa1 4k 1020k', 'read -P 0xa2 8M 64k']);
   await qemuIoOk(t, B.uri('back2'), ['read -P 0xa1 0 1M', 'read -P 0xa2 8M 64k', 'write -P 0xd1 0 4k', 'flush']);
-  const rmSnap = await cliOk(['rm', 'sv@s1', '--store', store]);
-  t.regex(rmSnap.stdout, /^removed sv@s1\n$/);
+  const rm = await cliOk(['rm', 'sv', '--snapshots', '--store', store]);
+  t.regex(rm.stdout, /^removed snapshot sv@s1\nremoved sv; its data stays in the store because forks or snapshots still use it\n$/);
   await new Promise((r) => setTimeout(r, 400)); // idle grace: let B close back2 so the next open reads the store
+  await qemuIoOk(t, B.uri('back'), ['read -P 0xc1 0 4k', 'read -P 0xa1 4k 1020k', 'read -P 0xa2 8M 64k'], true);
   await qemuIoOk(t, B.uri('back2'), ['read -P 0xd1 0 4k', 'read -P 0xa1 4k 1020k', 'read -P 0xa2 8M 64k'], true);
   const names = (await cliJson<VolJson[]>(['ls', '--store', store])).map((v) => v.name).sort();
   t.deepEqual(names, ['back', 'back2']);

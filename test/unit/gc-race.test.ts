@@ -582,7 +582,9 @@ async function forker(ctx: Ctx, rng: Rng): Promise<void> {
 async function remover(ctx: Ctx, rng: Rng): Promise<void> {
   while (!ctx.stop) {
     await nap(ctx, rng.int(300, 900));
-    const cands = live(ctx).filter((v) => v.kind !== 'root' && !v.writer && v.users === 0);
+    // A volume with snapshots is not removed without them (catalog.remove refuses): leave it.
+    const hasSnapshots = (v: Vol): boolean => [...ctx.vols.values()].some((x) => !x.removed && x.kind === 'snapshot' && x.name.startsWith(`${v.name}@`));
+    const cands = live(ctx).filter((v) => v.kind !== 'root' && !v.writer && v.users === 0 && !hasSnapshots(v));
     if (cands.length < 3 && rng.chance(0.5)) continue;
     if (cands.length === 0) continue;
     const vol = rng.pick(cands);

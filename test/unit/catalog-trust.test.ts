@@ -1,0 +1,325 @@
+/**
+ * The catalog keeps its promises under faults (issues 9.3, 9.5, 17.2):
+ * - `rm` deletes a volume's objects only when it KNOWS nothing descends from it: one 503 on
+ *   a relative's meta, or an ancestry that cannot be followed to its root, aborts instead;
+ * - creating a record is all or nothing: a name put that landed but whose reply was lost
+ *   (or that failed ambiguously) is resolved before anything is deleted;
+ * - a snapshot belongs to the volume identity it was taken of: a volume with snapshots is
+ *   not removed without them, and a later volume of the same name never inherits them.
+ * The faults are injected by a small wrapper around the in-memory store (deterministic).
+ */
+import test from 'ava';
+import { BlockCache } from '../../src/cache.js';
+import { AlreadyExistsError, CorruptError, InvalidArgumentError, NotFoundError, StoreUnavailableError, isBatonError } from '../../src/errors.js';
+import { silentLogger } from '../../src/log.js';
+import { MemoryObjectStore } from '../../src/store/memory.js';
+import { listAll, type ByteRange, type ListOptions, type ObjectHead, type ObjectInfo, type ObjectStore, type PutOptions } from '../../src/store/object-store.js';
+import { StoreCatalog } from '../../src/volume/catalog.js';
+import { encodeVolumeRecord, keys, type VolumeRecord } from '../../src/volume/format.js';
+import type { Volume } from '../../src/volume/volume.js';
+
+const MiB = 1024 * 1024;
+
+type Hook = (key: string) => Promise<void> | void;
+
+/** Passes everything to a memory store; a test sets one-shot hooks that run before (or after) an op on a key. */
+class HookedStore implements ObjectStore {
+  readonly inner = new MemoryObjectStore();
+  readonly description = 'memory:';
+  beforeGet: Hook | null = null;
+  /** Runs around a put: `before` may throw (the put never happens), `after` runs once it landed (and may throw: a lost reply). */
+  beforePut: Hook | null = null;
+  afterPut: Hook | null = null;
+  async get(key: string, range?: ByteRange): Promise<Buffer> { await this.beforeGet?.(key); return this.inner.get(key, range); }
+  async put(key: string, body: Buffer, options?: PutOptions): Promise<void> {
+    await this.beforePut?.(key);
+    await this.inner.put(key, body, options);
+    await this.afterPut?.(key);
+  }
+  head(key: string): Promise<ObjectHead | null> { return this.inner.head(key); }
+  list(prefix: string, options?: ListOptions): AsyncIterable<ObjectInfo> { return this.inner.list(prefix, options); }
+  delete(key: string): Promise<void> { return this.inner.delete(key); }
+  close(): Promise<void> { return Promise.resolve(); }
+}
+
+/** A hook that throws `err()` the first `times` times `match(key)` holds, then does nothing. */
+function failing(match: (key: string) => boolean, err: () => Error, times = 1): Hook {
+  let left = times;
+  return (key) => {
+    if (left > 0 && match(key)) { left--; throw err(); }
+  };
+}
+
+const unavailable = (): Error => new StoreUnavailableError('injected 503 Service Unavailable');
+
+function setup() {
+  const store = new HookedStore();
+  const cache = BlockCache.open({ capacityBytes: 64 * MiB });
+  const catalog = new StoreCatalog({ store, log: silentLogger(), cache: () => cache, volume: { segmentBytes: MiB } });
+  let token = 0;
+  const open = async (name: string, readOnly = false): Promise<Volume> => {
+    const v = (await catalog.open(name, { readOnly })).backend as Volume;
+    if (!readOnly) await v.takeover(++token);
+    return v;
+  };
+  const write = async (name: string, offset: number, byte: number, length = 2 * MiB): Promise<void> => {
+    const v = await open(name);
+    await v.write(offset, Buffer.alloc(length, byte), false);
+    await v.flush();
+    await v.close();
+  };
+  const reads = async (name: string, offset: number, byte: number, length = 2 * MiB): Promise<boolean> => {
+    const v = await open(name, true);
+    try {
+      return (await v.read(offset, length)).equals(Buffer.alloc(length, byte));
+    } finally {
+      await v.close();
+    }
+  };
+  const objectsOf = async (name: string): Promise<string[]> => (await listAll(store.inner, keys.volumePrefix((await catalog.record(name)).id))).map((o) => o.key);
+  return { store, catalog, open, write, reads, objectsOf };
+}
+
+/** root (data) -> child (its own writes) -> grandchild; the child removed but kept for the grandchild. */
+async function threeGenerations(s: ReturnType<typeof setup>): Promise<{ rootId: string; childId: string; rootObjects: string[] }> {
+  await s.catalog.create('root', 64 * MiB);
+  await s.write('root', 0, 0x11);
+  await s.catalog.fork('root', 'child');
+  await s.write('child', 8 * MiB, 0x22);
+  await s.catalog.fork('child', 'grandchild');
+  const rootId = (await s.catalog.record('root')).id;
+  const childId = (await s.catalog.record('child')).id;
+  t_assert((await s.catalog.record('grandchild')).parent?.id === childId, 'the grandchild is forked from the child, not from the root');
+  t_assert((await s.catalog.remove('child')).keptForRelatives, 'the child is kept for the grandchild');
+  return { rootId, childId, rootObjects: await s.objectsOf('root') };
+}
+
+function t_assert(cond: boolean, what: string): void {
+  if (!cond) throw new Error(`setup: ${what}`);
+}
+
+// ------------------------------------------------------------------ 9.3 / 17.2: rm and descendants
+
+test('rm root meets one 503 on the removed child\'s meta: it aborts and deletes nothing; the grandchild keeps reading', async (t) => {
+  const s = setup();
+  const { childId, rootObjects } = await threeGenerations(s);
+  s.store.beforeGet = failing((k) => k === keys.meta(childId), unavailable);
+  const err = await t.throwsAsync(s.catalog.remove('root'));
+  t.true(err instanceof StoreUnavailableError, `a transient error stays one (the caller may retry): ${err?.name}`);
+  t.regex(err!.message, /cannot tell whether forks or snapshots of root still need its data, so nothing was removed/);
+  t.regex(err!.message, /injected 503/);
+  t.deepEqual(await s.objectsOf('root'), rootObjects, 'every object of root is still there, and so is its record');
+  t.true(await s.reads('grandchild', 0, 0x11), 'the grandchild still reads what it inherited from root');
+  t.true(await s.reads('grandchild', 8 * MiB, 0x22));
+  // Once the store answers, rm knows and keeps the data for the grandchild.
+  t.like(await s.catalog.remove('root'), { keptForRelatives: true, deletedObjects: 0 });
+  t.true(await s.reads('grandchild', 0, 0x11));
+});
+
+test('rm with a relative\'s ancestry broken (its meta gone, v -> F -> G): "cannot tell", nothing removed', async (t) => {
+  const s = setup();
+  const { childId, rootObjects } = await threeGenerations(s);
+  await s.store.inner.delete(keys.meta(childId)); // as the create bug of 17.2 left it
+  const err = await t.throwsAsync(s.catalog.remove('root'));
+  t.true(err instanceof CorruptError, `${err?.name}: ${err?.message}`);
+  t.regex(err!.message, /grandchild names ancestor [0-9a-f]+, whose record vol\/[0-9a-f]+\/meta is gone, so its ancestry cannot be followed/);
+  t.regex(err!.message, /nothing was removed/);
+  t.deepEqual(await s.objectsOf('root'), rootObjects, 'root is untouched');
+  t.true(await s.reads('grandchild', 0, 0x11), 'the grandchild reads root\'s data (from its own checkpoint)');
+});
+
+test('a record that is gone by the time its broken ancestry is found (a fork undoing itself) does not block rm', async (t) => {
+  const s = setup();
+  const { childId } = await threeGenerations(s);
+  await s.store.inner.delete(keys.meta(childId));
+  // The grandchild's record disappears while rm walks its ancestry (an undo, or another rm).
+  s.store.beforeGet = async (k) => { if (k === keys.meta(childId)) { s.store.beforeGet = null; await s.store.inner.delete(keys.volumeRecord('grandchild')); } };
+  t.like(await s.catalog.remove('root'), { keptForRelatives: false });
+});
+
+test('a 503 on the check after the record went: the volume is removed but its data stays, and rm says so', async (t) => {
+  const s = setup();
+  await s.catalog.create('x', 64 * MiB);
+  await s.write('x', 0, 0x33);
+  // An unrelated chain: its meta reads fine for the first check and fails for the second.
+  await s.catalog.create('y', 64 * MiB);
+  await s.write('y', 0, 0x44);
+  await s.catalog.fork('y', 'y2');
+  const yId = (await s.catalog.record('y')).id;
+  const xObjects = await s.objectsOf('x');
+  let metaReads = 0;
+  s.store.beforeGet = (k) => { if (k === keys.meta(yId) && ++metaReads === 2) throw unavailable(); };
+  const err = await t.throwsAsync(s.catalog.remove('x'));
+  t.true(err instanceof StoreUnavailableError, err?.message);
+  t.regex(err!.message, /x was removed, but whether forks or snapshots still need its data could not be told .*its data stays in the store, and baton gc deletes it/);
+  await t.throwsAsync(s.catalog.record('x'), { instanceOf: NotFoundError });
+  const xId = xObjects[0]!.split('/')[1]!;
+  t.deepEqual((await listAll(s.store.inner, keys.volumePrefix(xId))).map((o) => o.key), xObjects, 'nothing of x was deleted');
+});
+
+// ------------------------------------------------------------------ 17.2: creating a record is all or nothing
+
+test('the name put lands but its reply is lost (503): create succeeds, and the volume is whole', async (t) => {
+  const s = setup();
+  s.store.afterPut = failing((k) => k === keys.volumeRecord('v'), unavailable);
+  const v = await s.catalog.create('v', 64 * MiB);
+  t.is(v.name, 'v');
+  const rec = await s.catalog.record('v');
+  t.truthy(await s.store.inner.head(keys.meta(rec.id)), 'its meta is there');
+  await t.throwsAsync(s.catalog.create('v', 64 * MiB), { instanceOf: AlreadyExistsError });
+  await s.write('v', 0, 0x55);
+  await s.catalog.fork('v', 'f');
+  await s.write('f', 4 * MiB, 0x66);
+  t.true(await s.reads('f', 0, 0x55), 'a fork of it opens and reads (its ancestry is whole)');
+  t.like(await s.catalog.remove('f'), { keptForRelatives: false });
+  t.like(await s.catalog.remove('v'), { keptForRelatives: false });
+  t.deepEqual((await listAll(s.store.inner, 'vol/')).map((o) => o.key), [], 'rm of both leaves nothing behind');
+});
+
+test('the name put lands, its reply is lost and the name cannot be read back: create fails saying so, and the store stays consistent', async (t) => {
+  const s = setup();
+  s.store.afterPut = failing((k) => k === keys.volumeRecord('v'), unavailable);
+  s.store.beforeGet = failing((k) => k === keys.volumeRecord('v'), unavailable);
+  const err = await t.throwsAsync(s.catalog.create('v', 64 * MiB));
+  t.true(err instanceof StoreUnavailableError, err?.message);
+  t.regex(err!.message, /could not tell whether volume "v" was created .*see baton info v/);
+  // Whatever happened, the name and its meta agree: it is a whole volume.
+  const rec = await s.catalog.record('v');
+  t.truthy(await s.store.inner.head(keys.meta(rec.id)), 'the meta was not deleted under a record that landed');
+  await s.catalog.fork('v', 'f');
+  t.true(await s.reads('f', 0, 0));
+  t.like(await s.catalog.remove('f'), { keptForRelatives: false });
+  t.like(await s.catalog.remove('v'), { keptForRelatives: false });
+});
+
+test('the name put fails before it lands (503): create resolves it (absent) and puts again', async (t) => {
+  const s = setup();
+  s.store.beforePut = failing((k) => k === keys.volumeRecord('v'), unavailable);
+  await s.catalog.create('v', 64 * MiB);
+  const rec = await s.catalog.record('v');
+  t.truthy(await s.store.inner.head(keys.meta(rec.id)));
+  t.is((await listAll(s.store.inner, 'vol/')).length, 1, 'one meta: ours');
+});
+
+test('an ambiguous failure while another host created the same name: AlreadyExists, and the other volume is untouched', async (t) => {
+  const s = setup();
+  const theirs: VolumeRecord = { format: 'baton-volume-1', name: 'v', id: 'feedfacefeedface', size: 64 * MiB, createdAt: new Date().toISOString() };
+  s.store.beforePut = async (k) => {
+    if (k !== keys.volumeRecord('v')) return;
+    s.store.beforePut = null;
+    await s.store.inner.put(keys.meta(theirs.id), encodeVolumeRecord(theirs), { ifNoneMatch: true });
+    await s.store.inner.put(k, encodeVolumeRecord(theirs), { ifNoneMatch: true });
+    throw unavailable();
+  };
+  await t.throwsAsync(s.catalog.create('v', 64 * MiB), { instanceOf: AlreadyExistsError });
+  t.is((await s.catalog.record('v')).id, theirs.id);
+  await s.write('v', 0, 0x77);
+  t.true(await s.reads('v', 0, 0x77));
+});
+
+test('a plain "already exists" still deletes the meta it wrote (nothing can name it)', async (t) => {
+  const s = setup();
+  await s.catalog.create('v', 64 * MiB);
+  await t.throwsAsync(s.catalog.create('v', 64 * MiB), { instanceOf: AlreadyExistsError });
+  t.is((await listAll(s.store.inner, 'vol/')).length, 1);
+});
+
+test('a fork whose name put lands but whose reply is lost: the fork succeeds and opens', async (t) => {
+  const s = setup();
+  await s.catalog.create('v', 64 * MiB);
+  await s.write('v', 0, 0x12);
+  s.store.afterPut = failing((k) => k === keys.volumeRecord('f'), unavailable);
+  await s.catalog.fork('v', 'f');
+  t.true(await s.reads('f', 0, 0x12));
+  s.store.afterPut = failing((k) => k === keys.volumeRecord('v@s'), unavailable);
+  await s.catalog.snapshot('v', 's');
+  t.true(await s.reads('v@s', 0, 0x12));
+});
+
+// ------------------------------------------------------------------ 9.5: snapshots belong to one volume identity
+
+test('rm of a volume with snapshots is refused, listing them; with snapshots: true they go first', async (t) => {
+  const s = setup();
+  await s.catalog.create('v', 64 * MiB);
+  await s.write('v', 0, 0x21);
+  await s.catalog.snapshot('v', 'monday');
+  await s.catalog.snapshot('v', 'tuesday');
+  await s.catalog.create('other', 64 * MiB);
+  await s.catalog.snapshot('other', 'monday');
+  const err = await t.throwsAsync(s.catalog.remove('v'), { instanceOf: InvalidArgumentError });
+  t.regex(err!.message, /volume v has 2 snapshots: v@monday, v@tuesday; .*baton rm v --snapshots/);
+  t.deepEqual((await s.catalog.list()).map((x) => x.name).sort(), ['other', 'other@monday', 'v', 'v@monday', 'v@tuesday'], 'nothing was removed');
+  const r = await s.catalog.remove('v', { snapshots: true });
+  t.deepEqual(r.removedSnapshots.sort(), ['v@monday', 'v@tuesday']);
+  t.false(r.keptForRelatives);
+  t.deepEqual((await s.catalog.list()).map((x) => x.name).sort(), ['other', 'other@monday']);
+  // A later volume named v starts with no snapshots.
+  await s.catalog.create('v', 64 * MiB);
+  t.deepEqual((await s.catalog.list()).map((x) => x.name).sort(), ['other', 'other@monday', 'v']);
+  t.like(await s.catalog.remove('v'), { removedSnapshots: [] });
+});
+
+test('a snapshot names the volume id it was taken of; one left by a removed volume is never attributed to a later volume of that name', async (t) => {
+  const s = setup();
+  await s.catalog.create('v', 64 * MiB);
+  const oldId = (await s.catalog.record('v')).id;
+  await s.catalog.snapshot('v', 'old');
+  t.is((await s.catalog.record('v@old')).of, oldId);
+  t.deepEqual((await s.catalog.info('v@old')).snapshotOf, { id: oldId, volume: 'v' });
+  // As an older baton (or an rm racing a snapshot) left it: the volume's record gone, its snapshot not.
+  await s.store.inner.delete(keys.volumeRecord('v'));
+  await s.catalog.create('v', 64 * MiB);
+  const listed = new Map((await s.catalog.list()).map((x) => [x.name, x]));
+  t.deepEqual(listed.get('v@old')?.snapshotOf, { id: oldId, volume: null }, 'shown as the snapshot of a removed volume');
+  t.deepEqual((await s.catalog.info('v@old')).snapshotOf, { id: oldId, volume: null });
+  t.is(listed.get('v')?.snapshotOf, undefined);
+  // rm of the new v is not refused for a snapshot that is not its own, and leaves it alone.
+  t.like(await s.catalog.remove('v'), { removedSnapshots: [] });
+  t.truthy(await s.catalog.record('v@old'));
+});
+
+test('snapshot records from before `of` existed are attributed by name, as before', async (t) => {
+  const s = setup();
+  await s.catalog.create('v', 64 * MiB);
+  await s.catalog.snapshot('v', 'legacy');
+  const rec = await s.catalog.record('v@legacy');
+  const { of: _of, ...legacy } = rec;
+  await s.store.inner.delete(keys.volumeRecord('v@legacy'));
+  await s.store.inner.put(keys.volumeRecord('v@legacy'), encodeVolumeRecord(legacy));
+  const vId = (await s.catalog.record('v')).id;
+  t.deepEqual((await s.catalog.info('v@legacy')).snapshotOf, { id: vId, volume: 'v' });
+  await t.throwsAsync(s.catalog.remove('v'), { instanceOf: InvalidArgumentError, message: /v@legacy/ });
+});
+
+// ------------------------------------------------------------------ 9 (diff): shared history
+
+test('shareHistory: forks and snapshots share history with their source; unrelated volumes do not', async (t) => {
+  const s = setup();
+  await s.catalog.create('a', 64 * MiB);
+  await s.write('a', 0, 1);
+  await s.catalog.create('b', 64 * MiB);
+  await s.catalog.fork('a', 'a1');
+  await s.write('a1', 0, 2);
+  await s.catalog.fork('a1', 'a2');
+  await s.catalog.snapshot('a', 's');
+  t.false(await s.catalog.shareHistory('a', 'b'));
+  t.false(await s.catalog.shareHistory('a2', 'b'));
+  t.true(await s.catalog.shareHistory('a', 'a1'));
+  t.true(await s.catalog.shareHistory('a2', 'a'));
+  t.true(await s.catalog.shareHistory('a@s', 'a2'));
+  t.true(await s.catalog.shareHistory('a', 'a'));
+});
+
+test('error codes survive rewrapping (the CLI picks exit codes and retries by code)', async (t) => {
+  const s = setup();
+  await s.catalog.create('v', 64 * MiB);
+  await s.catalog.fork('v', 'f');
+  const vId = (await s.catalog.record('v')).id;
+  s.store.beforeGet = failing((k) => k === keys.meta(vId), () => new Error('socket hang up'));
+  await s.catalog.create('w', 64 * MiB);
+  // f's parent is v itself, so rm w must follow f to its root (v's meta): that read fails.
+  const err = await t.throwsAsync(s.catalog.remove('w'));
+  t.true(isBatonError(err), 'an unknown error becomes a BatonError with a message');
+  t.regex(err!.message, /cannot tell .* of w .*socket hang up/);
+  t.truthy(await s.catalog.record('w'));
+});
