@@ -7,14 +7,14 @@
  * deletes data only when it knows nothing descends from it (remove, hasDescendants).
  */
 
-import { randomBytes } from 'node:crypto';
+import { randomId, systemWorld, type World } from '../clock.js';
 import type { BlockCache } from '../cache.js';
 import { AlreadyExistsError, BatonError, CorruptError, InvalidArgumentError, NotFoundError, PreconditionFailedError, StoreUnavailableError, TimeoutError, errorMessage } from '../errors.js';
 import { accountMaps, diffMaps, type MappedExtent, type Range } from '../../cow/diff.js';
 import type { Logger } from '../log.js';
 import { listAll, type ObjectStore } from '../store/object-store.js';
 import { checkExportName, checkVolumeName, checkVolumeSize, type OpenVolume, type RemoveResult, type VolumeCatalog, type VolumeInfo } from '../volumes.js';
-import { decodeVolumeRecord, encodeVolumeRecord, keys, maxOperationMs, seqFromKey, type VolumeRecord } from './format.js';
+import { decodeVolumeRecord, encodeVolumeRecord, keys, maxOperationMs, seqFromKey, timeBounds, type VolumeRecord } from './format.js';
 import { mapLimit, Volume, type VolumeOptions } from './volume.js';
 
 export interface StoreCatalogOptions {
@@ -84,7 +84,7 @@ export class StoreCatalog implements VolumeCatalog {
   async create(name: string, size: number): Promise<VolumeInfo> {
     checkVolumeName(name);
     checkVolumeSize(size);
-    const rec: VolumeRecord = { format: 'baton-volume-1', name, id: randomBytes(8).toString('hex'), size, createdAt: new Date().toISOString() };
+    const rec: VolumeRecord = { format: 'baton-volume-1', name, id: randomId(this.world, 8), size, createdAt: this.world.wallTime().toISOString() };
     await this.putRecord(rec);
     return { name, size, createdAt: rec.createdAt, storedBytes: 0, kind: 'volume' };
   }
@@ -191,18 +191,18 @@ export class StoreCatalog implements VolumeCatalog {
   private async derive(srcName: string, name: string, snapshot: boolean): Promise<VolumeRecord> {
     const src = await this.record(srcName);
     for (let attempt = 1; ; attempt++) {
-      const t0 = performance.now();
+      const t0 = this.world.now();
       const parent = await this.forkPoint(src);
       const rec: VolumeRecord = {
-        format: 'baton-volume-1', name, id: randomBytes(8).toString('hex'), size: src.size, createdAt: new Date().toISOString(), parent,
+        format: 'baton-volume-1', name, id: randomId(this.world, 8), size: src.size, createdAt: this.world.wallTime().toISOString(), parent,
         // A snapshot belongs to one volume identity, not to a name that may be reused.
         ...(snapshot ? { snapshot: true, of: src.id } : {}),
       };
       // A record that may land after we gave up could land later than GC allows (above).
       await this.putRecord(rec, `if it is there, remove it (baton rm ${name}) and make it again, since it cannot be trusted against garbage collection; if not, nothing needs cleaning up`);
       await this.confirmSource(srcName, src, rec);
-      const ms = performance.now() - t0;
-      if (ms <= this.maxOpMs / 2) return rec;
+      const ms = this.world.now() - t0;
+      if (ms <= timeBounds(this.maxOpMs).forkBudgetMs) return rec;
       await this.undo(rec);
       if (attempt >= 3) throw new TimeoutError(`making ${name} took ${Math.round(ms)} ms (${attempt} tries), too long to be sure garbage collection left its source alone; nothing was created: is the store slow? try again`);
       this.opts.log.warn({ name, ms: Math.round(ms), attempt }, 'fork took too long to trust against GC; undone, trying again');
@@ -210,6 +210,7 @@ export class StoreCatalog implements VolumeCatalog {
   }
 
   private get maxOpMs(): number { return this.opts.volume?.maxOperationMs ?? maxOperationMs(); }
+  private get world(): World { return this.opts.volume?.world ?? systemWorld; }
 
   /** O(1) fork: a new writable volume whose map starts as SRC's (a volume or NAME@SNAP) at its last acknowledged flush. */
   async fork(srcName: string, dstName: string): Promise<VolumeInfo> {
