@@ -95,8 +95,12 @@ export class NbdServer {
   /**
    * A connection past the limit: it never reaches the provider (no open, no lease). It gets
    * the greeting, then NBD_REP_ERR_SHUTDOWN ("the server is unwilling to continue
-   * negotiation") to every option with a message that says why; libnbd and qemu print that
-   * message. EXPORT_NAME has no error reply, so that client is simply closed.
+   * negotiation", so a client knows to try later) to every option with a message that says
+   * why. qemu prints the message ("server reported: ... connection limit ..."); libnbd
+   * reports ESHUTDOWN ("Cannot send after transport endpoint shutdown") and shows the
+   * message only with LIBNBD_DEBUG=1, which is why the server also logs a warning. No reply
+   * code says "too many connections"; ERR_SHUTDOWN is the nearest (ERR_POLICY reads as a
+   * permission problem). EXPORT_NAME has no error reply, so that client is simply closed.
    */
   private refuse(sock: net.Socket): void {
     this.refusedSinceLog++;
