@@ -15,7 +15,7 @@ process.emitWarning = ((warning: string | Error, ...rest: unknown[]) => {
 }) as typeof process.emitWarning;
 
 import { Command, InvalidArgumentError as CommanderInvalidArgument, Option } from 'commander';
-import { NbdServer, type ListenAddress } from '../nbd/server.js';
+import { DEFAULT_MAX_CONNECTIONS, NbdServer, type ListenAddress } from '../nbd/server.js';
 import { defaultCacheDir, openCatalog, type CatalogOptions } from '../src/catalog.js';
 import { probeStore } from '../src/store/probe.js';
 import { StoreCatalog, type StoreVolumeInfo } from '../src/volume/catalog.js';
@@ -145,6 +145,11 @@ withStore(program.command('serve')
   .addOption(new Option('--on-held <policy>', 'when another host holds a volume: refuse the attach, wait for it, or ask for a handoff').choices(['refuse', 'wait', 'takeover']).default('refuse'))
   .option('--held-wait <seconds>', 'how long --on-held wait|takeover waits', secondsArg, 30)
   .option('--handshake-timeout <seconds>', 'close clients that do not finish the handshake in time', secondsArg, 30)
+  .option('--max-connections <n>', 'NBD connections served at once; past it clients are refused with a message', (v: string) => {
+    const n = Number(v);
+    if (!Number.isInteger(n) || n < 1) throw new CommanderInvalidArgument(`not a positive whole number of connections: ${v}`);
+    return n;
+  }, DEFAULT_MAX_CONNECTIONS)
   .option('--idle-grace <seconds>', 'keep a volume open this long after its last client leaves', secondsArg, 5)
   .addOption(durationOption('--gc-interval <duration>', 'while serving volumes, compact them and collect garbage this often (0: never)', DEFAULT_GC_GRACE_MS))
   .addOption(durationOption('--gc-grace <duration>', 'garbage collection grace period (see baton gc --help)', DEFAULT_GC_GRACE_MS))
@@ -157,7 +162,7 @@ Examples:
   $ AWS_PROFILE=ci baton serve --store s3://my-bucket/baton --endpoint http://127.0.0.1:7480
   $ nbd-client -N work 127.0.0.1 10809 /dev/nbd0     # attach with the kernel client
   $ nbdfuse /mnt/work nbd://127.0.0.1/work &         # or as a file through FUSE`)
-  .action(async (opts: StoreFlags & LeaseFlags & { listen: string; socket?: string; cacheDir: string; cacheSize: number; readOnly?: boolean; create?: string; size?: number; handshakeTimeout: number; idleGrace: number; logLevel: string; onHeld: OnHeld; heldWait: number; gcInterval: number; gcGrace: number; compactBelow: number }) => {
+  .action(async (opts: StoreFlags & LeaseFlags & { listen: string; socket?: string; cacheDir: string; cacheSize: number; readOnly?: boolean; create?: string; size?: number; handshakeTimeout: number; maxConnections: number; idleGrace: number; logLevel: string; onHeld: OnHeld; heldWait: number; gcInterval: number; gcGrace: number; compactBelow: number }) => {
     const log = makeLogger(opts.logLevel);
     if (opts.size !== undefined && !opts.create) throw new InvalidArgumentError('--size is the size of the volume --create NAME makes; without --create it would do nothing (volumes are made with baton create NAME --size SIZE)');
     const catalog = catalogFor(opts, { log, cacheDir: opts.cacheDir, cacheSize: opts.cacheSize });
@@ -178,7 +183,7 @@ Examples:
       readOnly: !!opts.readOnly, idleGraceMs: opts.idleGrace * 1000, log,
       ...(leases ? { lease: { manager: leases, hostId: opts.hostId, onHeld: opts.onHeld, waitMs: opts.heldWait * 1000, address: 'path' in addr ? `unix:${addr.path}` : `${addr.host}:${addr.port}` } } : {}),
     });
-    const server = new NbdServer(exports, { log, handshakeTimeoutMs: opts.handshakeTimeout * 1000 });
+    const server = new NbdServer(exports, { log, handshakeTimeoutMs: opts.handshakeTimeout * 1000, maxConnections: opts.maxConnections });
     exports.setDisconnector((name) => server.disconnectExport(name));
     const bound = await server.listen(addr);
     const uri = 'path' in bound ? `nbd+unix:///NAME?socket=${bound.path}` : `nbd://${bound.host.includes(':') ? `[${bound.host}]` : bound.host}:${bound.port}/NAME`;

@@ -25,6 +25,9 @@ export interface ZeroOptions {
   fastZero: boolean;
 }
 
+/** See BlockBackend.cache: the most request memory one CACHE may hold at a time. */
+export const CACHE_PIECE_BYTES = 1024 * 1024;
+
 export interface BlockBackend {
   /** Size in bytes; a multiple of 512. */
   readonly size: number;
@@ -46,11 +49,20 @@ export interface BlockBackend {
   zero(offset: number, length: number, options: ZeroOptions): Promise<void>;
   /**
    * base:allocation extents starting exactly at `offset`, contiguous, together covering at
-   * least part of the range (they may stop early or run past it). Flags: NBD_STATE_HOLE,
-   * NBD_STATE_ZERO.
+   * least part of the range (they may stop early or run past it), at most `maxExtents` of
+   * them (>= 1; 1 for REQ_ONE). Flags: NBD_STATE_HOLE, NBD_STATE_ZERO.
+   *
+   * The work of one call must be bounded by what its reply can carry, not by `length` (up
+   * to 4 GiB) or by how fragmented the range is: stop early rather than walk it all. The
+   * client asks again from where the reply ended, as the spec lets it.
    */
-  blockStatus(offset: number, length: number): Promise<Extent[]>;
-  /** Read-ahead hint (NBD_CMD_CACHE): must not change what reads return. */
+  blockStatus(offset: number, length: number, maxExtents: number): Promise<Extent[]>;
+  /**
+   * Read-ahead hint (NBD_CMD_CACHE): must not change what reads return. However long the
+   * range (up to 4 GiB), it holds at most min(length, CACHE_PIECE_BYTES) bytes of request
+   * memory at a time (warm in pieces, one after the other): the session counts that much of
+   * the connection's in-flight memory bound for each CACHE, as it counts a READ's length.
+   */
   cache(offset: number, length: number): Promise<void>;
 }
 
@@ -75,4 +87,18 @@ export interface ExportSummary {
 export interface ExportProvider {
   list(): Promise<ExportSummary[]>;
   open(name: string): Promise<ExportHandle>;
+  /**
+   * Optional: what NBD_OPT_INFO reports, from the catalog alone: no open, no lease, no store
+   * writes, no effect on other hosts (nbdinfo --list and qemu send INFO for every export).
+   * Resolves "" like open does, and throws like open for an unknown name. `name` in the
+   * answer is the export's canonical name. Without it, INFO falls back to open + release.
+   */
+  info?(name: string): Promise<ExportInfo>;
+}
+
+export interface ExportInfo {
+  name: string;
+  size: number;
+  readOnly: boolean;
+  description: string;
 }

@@ -11,7 +11,8 @@
  * - After STRUCTURED_REPLY, READ and BLOCK_STATUS always get structured replies (even for
  *   EINVAL); other commands get simple replies, which the spec allows.
  * - Memory per connection is bounded: at most `maxInflight` requests and `maxInflightBytes`
- *   payload bytes are held; beyond that we stop reading the socket.
+ *   bytes of request memory (WRITE payloads, READ data, CACHE pieces; see slotBytes) are
+ *   held; beyond that we stop reading the socket.
  * - A request's slot is released only when its reply was handed to the socket, so a client
  *   that never reads replies stalls itself, not the server.
  */
@@ -19,7 +20,7 @@
 import type { Duplex } from 'node:stream';
 import { InvalidArgumentError, ProtocolError, errorMessage } from '../src/errors.js';
 import type { Logger } from '../src/log.js';
-import type { BlockBackend, ExportHandle, ExportProvider } from './backend.js';
+import { CACHE_PIECE_BYTES, type BlockBackend, type ExportHandle, type ExportInfo, type ExportProvider } from './backend.js';
 import * as codec from './codec.js';
 import * as C from './constants.js';
 import { toNbdErrno, toOptionError } from './errno.js';
@@ -33,24 +34,55 @@ export interface SessionOptions {
   handshakeTimeoutMs: number;
   maxInflight: number;
   maxInflightBytes: number;
-  /** Largest READ/WRITE accepted (the spec asks servers to take 32 MiB; libnbd tools send up to 64 MiB). */
+  /**
+   * Largest READ/WRITE payload: enforced, and advertised as the maximum block size
+   * (NBD_INFO_BLOCK_SIZE), one number so the two can never disagree. See MAX_PAYLOAD.
+   */
   maxPayload: number;
-  blockSize: { min: number; preferred: number; max: number };
+  /** Minimum and preferred block sizes advertised in NBD_INFO_BLOCK_SIZE (the maximum is maxPayload). */
+  blockSize: { min: number; preferred: number };
   maxOptions: number;
   maxOptionLength: number;
+  /**
+   * Refuse this connection during the handshake: every option is answered with
+   * NBD_REP_ERR_SHUTDOWN and this message (ABORT with its ACK), the provider is never asked.
+   */
+  refuseWith?: string;
 }
+
+/**
+ * The largest READ/WRITE we take, and the maximum block size we advertise: 32 MiB. The spec
+ * says payloads up to 32 MiB "SHOULD NOT be considered a denial of service" and that a
+ * client which asked for NBD_INFO_BLOCK_SIZE MUST obey the advertised maximum; the kernel
+ * (hard cap) and qemu never send more than 32 MiB, and libnbd's tools stay within what the
+ * server advertises. Taking 64 MiB would only double the memory one request may pin, for
+ * no client that needs it. Before, we advertised 32 MiB and enforced 64 MiB: a client that
+ * trusted the advertisement lost nothing, but the bound we reasoned about was not the one
+ * in force.
+ */
+export const MAX_PAYLOAD = 32 * 1024 * 1024;
+
+/**
+ * At most this many extents per BLOCK_STATUS reply (8 bytes each on the wire, so 8 KiB),
+ * and the backend is asked for no more: the work of one request is bounded by what its
+ * reply can carry. The spec lets a reply cover less than the requested length; clients
+ * (nbdinfo --map, nbdcopy, qemu) ask again from where the reply ended.
+ */
+export const MAX_BLOCK_STATUS_EXTENTS = 1024;
 
 export const DEFAULT_SESSION_OPTIONS: Omit<SessionOptions, 'log'> = {
   handshakeTimeoutMs: 30_000,
   maxInflight: 128,
   maxInflightBytes: 256 * 1024 * 1024,
-  maxPayload: 64 * 1024 * 1024,
-  blockSize: { min: 512, preferred: 4096, max: 32 * 1024 * 1024 },
+  maxPayload: MAX_PAYLOAD,
+  blockSize: { min: 512, preferred: 4096 },
   maxOptions: 128,
   maxOptionLength: 64 * 1024,
 };
 
 const HANDSHAKE_FLAGS = C.NBD_FLAG_FIXED_NEWSTYLE | C.NBD_FLAG_NO_ZEROES;
+/** How long a closing connection may take to flush its last replies to a peer that does not read. */
+const LINGER_MS = 10_000;
 const BASE_ALLOCATION_ID = 1;
 
 /** Frames of one reply; `release` runs once the socket no longer needs them. */
@@ -102,11 +134,32 @@ export class NbdSession {
         this.opts.log.warn({ err: errorMessage(err) }, 'closing connection after protocol error');
       }
     } finally {
+      // Whatever ended the session (DISC, the client's FIN, a protocol error), requests
+      // already dispatched are completed and their replies handed to the socket first.
       await this.waitIdle();
       this.handle?.release();
       this.handle = null;
-      if (!this.sock.destroyed) this.sock.destroy();
+      this.closeSocket();
     }
+  }
+
+  /**
+   * End our side gracefully: end() sends what was written, then FIN; destroy() would drop
+   * replies still queued in the stream. The server's sockets are half-open capable
+   * (allowHalfOpen), so a client that shut down its write side after its last request
+   * (libnbd does, after DISC) still receives every reply; Node does not end our side for
+   * us when its FIN arrives. Once our side is flushed nothing more is owed, so the socket is
+   * destroyed; a peer that never reads cannot keep it past LINGER_MS.
+   */
+  private closeSocket(): void {
+    const sock = this.sock;
+    if (sock.destroyed) return;
+    if (sock.writableFinished) { sock.destroy(); return; }
+    const timer = setTimeout(() => sock.destroy(), LINGER_MS);
+    timer.unref?.();
+    sock.once('close', () => clearTimeout(timer));
+    sock.once('finish', () => sock.destroy());
+    sock.end();
   }
 
   /**
@@ -117,13 +170,13 @@ export class NbdSession {
     if (this.shuttingDown) return;
     this.shuttingDown = true;
     if (!this.handle) { this.sock.destroy(); return; }
-    void this.waitIdle().then(() => this.sock.destroy());
+    void this.waitIdle().then(() => this.closeSocket());
   }
 
   // ------------------------------------------------------------ handshake
 
   private send(...bufs: Buffer[]): void {
-    if (this.closed || this.sock.destroyed) return;
+    if (this.closed || this.sock.destroyed || this.sock.writableEnded) return;
     this.sock.cork();
     for (const b of bufs) this.sock.write(b);
     this.sock.uncork();
@@ -144,6 +197,12 @@ export class NbdSession {
       const { option, length } = codec.decodeOptionHeader(await this.readFrame(C.OPTION_HEADER_SIZE));
       if (length > this.opts.maxOptionLength) throw new ProtocolError(`option ${option} length ${length} too large`);
       const data = length > 0 ? await this.readFrame(length) : Buffer.alloc(0);
+      if (this.opts.refuseWith !== undefined) {
+        if (option === C.NBD_OPT_EXPORT_NAME) throw new EndSession(); // no error reply exists: close
+        if (option === C.NBD_OPT_ABORT) { this.send(codec.encodeOptionReply(option, C.NBD_REP_ACK)); throw new EndSession(); }
+        this.send(codec.encodeOptionError(option, C.NBD_REP_ERR_SHUTDOWN, this.opts.refuseWith));
+        continue;
+      }
       if (this.shuttingDown) {
         if (option === C.NBD_OPT_EXPORT_NAME) throw new EndSession();
         this.send(codec.encodeOptionError(option, C.NBD_REP_ERR_SHUTDOWN, 'server is shutting down'));
@@ -234,9 +293,19 @@ export class NbdSession {
       this.send(codec.encodeOptionError(option, C.NBD_REP_ERR_INVALID, errorMessage(err)));
       return null;
     }
-    let h: ExportHandle;
+    // INFO only describes: with a provider that can answer from its catalog it opens
+    // nothing (an open takes the lease, replays the log, writes a takeover record, and may
+    // evict another host's client). GO, and INFO on a provider without info(), open.
+    const describeOnly = option === C.NBD_OPT_INFO && this.provider.info !== undefined;
+    let h: ExportHandle | null = null;
+    let desc: ExportInfo;
     try {
-      h = await this.provider.open(req.name);
+      if (describeOnly) {
+        desc = await this.provider.info!(req.name);
+      } else {
+        h = await this.provider.open(req.name);
+        desc = { name: h.name, size: h.backend.size, readOnly: h.backend.readOnly, description: h.description };
+      }
     } catch (err) {
       this.opts.log.info({ export: req.name, err: errorMessage(err) }, option === C.NBD_OPT_GO ? 'GO refused' : 'INFO refused');
       this.send(codec.encodeOptionError(option, toOptionError(err), errorMessage(err)));
@@ -245,18 +314,18 @@ export class NbdSession {
     const replies: Buffer[] = [];
     const info = (b: Buffer): void => { replies.push(codec.encodeOptionReply(option, C.NBD_REP_INFO, b)); };
     // NBD_INFO_EXPORT goes out even unrequested: qemu fails without it.
-    info(codec.encodeInfoExport(h.backend.size, this.flagsFor(h.backend)));
+    info(codec.encodeInfoExport(desc.size, transmissionFlags({ readOnly: desc.readOnly, structuredReplies: this.structured })));
     const asked = new Set(req.infoTypes);
-    if (asked.has(C.NBD_INFO_NAME)) info(codec.encodeInfoString(C.NBD_INFO_NAME, h.name));
-    if (asked.has(C.NBD_INFO_DESCRIPTION)) info(codec.encodeInfoString(C.NBD_INFO_DESCRIPTION, h.description));
+    if (asked.has(C.NBD_INFO_NAME)) info(codec.encodeInfoString(C.NBD_INFO_NAME, desc.name));
+    if (asked.has(C.NBD_INFO_DESCRIPTION)) info(codec.encodeInfoString(C.NBD_INFO_DESCRIPTION, desc.description));
     if (asked.has(C.NBD_INFO_BLOCK_SIZE)) {
       const bs = this.opts.blockSize;
-      info(codec.encodeInfoBlockSize(bs.min, bs.preferred, bs.max));
+      info(codec.encodeInfoBlockSize(bs.min, bs.preferred, this.opts.maxPayload));
     }
     replies.push(codec.encodeOptionReply(option, C.NBD_REP_ACK));
     this.send(...replies);
-    if (option === C.NBD_OPT_INFO) {
-      h.release();
+    if (option === C.NBD_OPT_INFO || !h) {
+      h?.release();
       return null;
     }
     // Meta context selection applies only to the export GO names.
@@ -339,9 +408,24 @@ export class NbdSession {
           throw err;
         }
       } else {
-        await this.acquireSlot(req.type === C.NBD_CMD_READ ? Math.min(req.length, this.opts.maxPayload) : 0);
+        await this.acquireSlot(this.slotBytes(req));
       }
       this.dispatch(backend, ctx, req, payload, chunks);
+    }
+  }
+
+  /**
+   * The request memory a command may hold until its reply is sent, counted against
+   * maxInflightBytes: a WRITE its payload, a READ its data (a longer one is refused), a
+   * CACHE what the backend may hold at once (BlockBackend.cache). Every other command
+   * holds no buffer of its length (BLOCK_STATUS replies are capped in extents).
+   */
+  private slotBytes(req: codec.Request): number {
+    switch (req.type) {
+      case C.NBD_CMD_WRITE: return req.length;
+      case C.NBD_CMD_READ: return Math.min(req.length, this.opts.maxPayload);
+      case C.NBD_CMD_CACHE: return Math.min(req.length, CACHE_PIECE_BYTES);
+      default: return 0;
     }
   }
 
@@ -371,7 +455,7 @@ export class NbdSession {
 
   /** Called synchronously in arrival order; the backend call starts before this returns. */
   private dispatch(backend: BlockBackend, ctx: ValidationContext, req: codec.Request, payload: Buffer | undefined, chunks?: Buffer[]): void {
-    const slotBytes = req.type === C.NBD_CMD_WRITE ? req.length : req.type === C.NBD_CMD_READ ? Math.min(req.length, this.opts.maxPayload) : 0;
+    const slotBytes = this.slotBytes(req);
     const done = (): void => this.releaseSlot(slotBytes);
     const v = validateRequest(req, ctx);
     if (!v.ok) {
@@ -429,8 +513,10 @@ export class NbdSession {
       case C.NBD_CMD_CACHE:
         if (length === 0) return Promise.resolve(null);
         return backend.cache(offset, length).then(() => null);
-      case C.NBD_CMD_BLOCK_STATUS:
-        return backend.blockStatus(offset, length).then((extents) => ({ frames: this.blockStatusReply(req, backend.size, offset, length, extents) }));
+      case C.NBD_CMD_BLOCK_STATUS: {
+        const max = (req.flags & C.NBD_CMD_FLAG_REQ_ONE) ? 1 : MAX_BLOCK_STATUS_EXTENTS;
+        return backend.blockStatus(offset, length, max).then((extents) => ({ frames: this.blockStatusReply(req, backend.size, offset, length, extents, max) }));
+      }
       default:
         return Promise.reject(new InvalidArgumentError(`unknown command ${req.type}`));
     }
@@ -460,19 +546,26 @@ export class NbdSession {
     return [codec.encodeOffsetDataHeader(req.cookie, req.offset, data.length, true), data];
   }
 
-  private blockStatusReply(req: codec.Request, size: number, offset: number, length: number, raw: { length: number; flags: number }[]): Buffer[] {
-    let extents = alignExtents(raw.filter((e) => e.length > 0), offset, this.opts.blockSize.min, size);
+  private blockStatusReply(req: codec.Request, size: number, offset: number, length: number, raw: { length: number; flags: number }[], max: number): Buffer[] {
+    const align = this.opts.blockSize.min;
+    let extents = alignExtents(raw.filter((e) => e.length > 0), offset, align, size);
+    // A backend that stopped early (REQ_ONE asks it for one extent) may leave a lone piece
+    // shorter than a block: report the whole block as status 0, which is always safe,
+    // rather than an extent the spec says must be a multiple of the minimum block size.
+    const first = extents[0];
+    if (extents.length === 1 && first && offset % align === 0 && first.length < align && offset + first.length < size) {
+      extents = [{ length: Math.min(align, size - offset), flags: 0 }];
+    }
     // Clip at the end of the request (lengths are u32 on the wire) and cap the count.
     const clipped: { length: number; flags: number }[] = [];
     let covered = 0;
     for (const e of extents) {
-      if (covered >= length || clipped.length >= 65536) break;
+      if (covered >= length || clipped.length >= max) break;
       const len = Math.min(e.length, length - covered);
       clipped.push({ length: len, flags: e.flags });
       covered += len;
     }
     extents = clipped.length > 0 ? clipped : [{ length, flags: 0 }]; // status 0 is always safe
-    if (req.flags & C.NBD_CMD_FLAG_REQ_ONE) extents = extents.slice(0, 1);
     return [codec.encodeBlockStatusChunk(req.cookie, BASE_ALLOCATION_ID, extents, true)];
   }
 
@@ -489,7 +582,7 @@ export class NbdSession {
    * stays corked until the microtasks of this turn have run.
    */
   private reply(bufs: Buffer[], done: () => void): void {
-    if (this.closed || this.sock.destroyed) { done(); return; }
+    if (this.closed || this.sock.destroyed || this.sock.writableEnded) { done(); return; }
     if (!this.corked) {
       this.corked = true;
       this.sock.cork();

@@ -277,7 +277,7 @@ function readOnlyView(b: BlockBackend): BlockBackend {
     flush: async () => {},
     trim: () => Promise.reject(new ReadOnlyError('volume is served read-only')),
     zero: () => Promise.reject(new ReadOnlyError('volume is served read-only')),
-    blockStatus: (o, l) => b.blockStatus(o, l),
+    blockStatus: (o, l, max) => b.blockStatus(o, l, max),
     cache: (o, l) => b.cache(o, l),
   };
 }

@@ -9,6 +9,8 @@ import type { BlockBackend, Extent, ZeroOptions } from '../../nbd/backend.js';
 import { NBD_STATE_HOLE, NBD_STATE_ZERO } from '../../nbd/constants.js';
 
 const PAGE = 64 * 1024;
+/** Pages one BLOCK_STATUS looks at, at most (1 GiB of range). */
+const MAX_STATUS_PAGES = 16 * 1024;
 
 /** The pieces of [offset, offset+length) by page: page index, offset in page, length, offset in the range. */
 function* pages(offset: number, length: number): IterableIterator<[number, number, number, number]> {
@@ -83,16 +85,19 @@ export class MemoryBackend implements BlockBackend {
     }
   }
 
-  async blockStatus(offset: number, length: number): Promise<Extent[]> {
+  async blockStatus(offset: number, length: number, maxExtents: number): Promise<Extent[]> {
+    // Bounded work (BlockBackend.blockStatus): at most maxExtents extents and
+    // MAX_STATUS_PAGES pages looked at, however long the range; the reply may cover less.
     const out: Extent[] = [];
     let pos = offset;
     const end = offset + length;
-    while (pos < end) {
+    for (let visited = 0; pos < end && visited < MAX_STATUS_PAGES; visited++) {
       const idx = Math.floor(pos / PAGE);
       const n = Math.min((idx + 1) * PAGE, end) - pos;
       const flags = this.pages.has(idx) ? 0 : NBD_STATE_HOLE | NBD_STATE_ZERO;
       const last = out[out.length - 1];
       if (last && last.flags === flags) last.length += n;
+      else if (out.length >= (maxExtents >= 1 ? maxExtents : 1)) break;
       else out.push({ length: n, flags });
       pos += n;
     }

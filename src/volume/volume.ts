@@ -28,9 +28,9 @@
  */
 
 import { strict as assert } from 'node:assert';
-import type { BlockBackend, Extent, ZeroOptions } from '../../nbd/backend.js';
+import { CACHE_PIECE_BYTES, type BlockBackend, type Extent, type ZeroOptions } from '../../nbd/backend.js';
 import { NBD_STATE_HOLE, NBD_STATE_ZERO } from '../../nbd/constants.js';
-import { ExtentMap, type Piece } from '../../cow/extent-map.js';
+import { ExtentMap, REGION_SIZE, type Piece } from '../../cow/extent-map.js';
 import type { BlockCache } from '../cache.js';
 import { BatonError, CorruptError, FencedError, LeaseLostError, NotFoundError, PreconditionFailedError, ReadOnlyError, ShutdownError, errorMessage } from '../errors.js';
 import { randomId, systemWorld, type TimerHandle, type World } from '../clock.js';
@@ -577,21 +577,55 @@ export class Volume implements BlockBackend {
     return out;
   }
 
-  async blockStatus(offset: number, length: number): Promise<Extent[]> {
+  async blockStatus(offset: number, length: number, maxExtents: number): Promise<Extent[]> {
+    // Work bounded by what the reply can carry (BlockBackend.blockStatus), not by the
+    // range (up to 4 GiB) or its fragmentation: stop at maxExtents extents or after
+    // `budget` map pieces (many same-flag pieces merge into one extent, so the extent count
+    // alone bounds nothing), and reply with what was seen. The range is resolved one
+    // map region at a time, because each resolve() builds the whole piece list of its range
+    // before the visitor can stop it: a window bounds that to one region's pieces per layer
+    // (ExtentMap's REGION_SIZE, below). All of it is synchronous, so the extents are one
+    // consistent snapshot.
+    const window = REGION_SIZE; // a window spans one map region
+    const limit = maxExtents >= 1 ? Math.floor(maxExtents) : 1; // also when a wrapper forgot to pass it
+    const budget = Math.max(4096, 4 * limit);
     const out: Extent[] = [];
-    this.resolve(offset, length, (p) => {
+    let visited = 0;
+    let stop = false;
+    const visit = (p: Piece<Dirty | Loc>): boolean => {
       const v = p.value;
       const flags = v === undefined ? NBD_STATE_HOLE | NBD_STATE_ZERO : isZero(v) ? (v.hole ? NBD_STATE_HOLE | NBD_STATE_ZERO : NBD_STATE_ZERO) : 0;
       const last = out[out.length - 1];
       if (last && last.flags === flags) last.length += p.length;
+      else if (out.length >= limit) { stop = true; return false; }
       else out.push({ length: p.length, flags });
-    });
+      if (++visited >= budget) { stop = true; return false; }
+      return true;
+    };
+    const end = offset + length;
+    for (let pos = offset; pos < end && !stop;) {
+      const wEnd = Math.min(end, (Math.floor(pos / window) + 1) * window);
+      this.resolve(pos, wEnd - pos, visit);
+      pos = wEnd;
+    }
     return out;
   }
 
   async cache(offset: number, length: number): Promise<void> {
-    // Read-ahead hint: warm the cache with committed pieces; the result is not needed.
-    await this.read(offset, Math.min(length, 64 * 1024 * 1024)).catch(() => {});
+    // Read-ahead hint: warm the block cache through this.read, one piece after the other,
+    // so a CACHE holds at most one piece however long it is (up to 4 GiB); the session
+    // counts exactly that against the connection's in-flight bound. The bytes are not
+    // needed, so one buffer serves every piece. A failed piece ends the warm-up (a hint
+    // changes nothing a read returns; nothing is retried against a failing store).
+    const piece = CACHE_PIECE_BYTES;
+    const end = offset + length;
+    const buf = Buffer.allocUnsafe(Math.min(length, piece));
+    try {
+      for (let pos = offset; pos < end; pos += buf.length) {
+        const n = Math.min(buf.length, end - pos);
+        await this.read(pos, n, n === buf.length ? buf : buf.subarray(0, n));
+      }
+    } catch { /* see above */ }
   }
 
   // ------------------------------------------------------------------ writes

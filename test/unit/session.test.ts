@@ -55,7 +55,7 @@ class SlowBackend implements BlockBackend {
   flush(): Promise<void> { return this.inner.flush(); }
   trim(offset: number, length: number): Promise<void> { return this.inner.trim(offset, length); }
   zero(offset: number, length: number, o: ZeroOptions): Promise<void> { return this.inner.zero(offset, length, o); }
-  blockStatus(offset: number, length: number): Promise<Extent[]> { return this.inner.blockStatus(offset, length); }
+  blockStatus(offset: number, length: number, max: number): Promise<Extent[]> { return this.inner.blockStatus(offset, length, max); }
   cache(): Promise<void> { return Promise.resolve(); }
 }
 

@@ -105,7 +105,7 @@ test('large flushes upload segments in parallel and recover byte-exact; trim and
   expect.fill(0, 1 * MiB, 3 * MiB);
   expect.fill(0, 5 * MiB, 6 * MiB);
   same(t, await v2.read(3 * MiB, big.length), expect);
-  const bs = await v2.blockStatus(4 * MiB, 5 * MiB);
+  const bs = await v2.blockStatus(4 * MiB, 5 * MiB, 1024);
   t.deepEqual(bs[0], { length: 2 * MiB, flags: 3 }, 'trimmed range is a hole');
 });
 
