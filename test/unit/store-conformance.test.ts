@@ -340,7 +340,7 @@ test('local-dir: leftover temp files are invisible; emptied directories are remo
   await s.delete('v/a/b/obj');
   // v/a still holds the crash leftover, so only v/a/b goes.
   t.deepEqual(await readdir(join(dir, 'v', 'a')), ['.tmp-deadbeef']);
-  t.deepEqual(await readdir(dir), ['v']);
+  t.deepEqual((await readdir(dir)).filter((n) => n !== '.tmp'), ['v']); // .tmp/: the temp files' directory
   await s.put('v/a/b/obj', Buffer.from('again'));
   t.is((await s.get('v/a/b/obj')).toString(), 'again');
 });
