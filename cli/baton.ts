@@ -17,7 +17,8 @@ process.emitWarning = ((warning: string | Error, ...rest: unknown[]) => {
 import { Command, InvalidArgumentError as CommanderInvalidArgument, Option } from 'commander';
 import { NbdServer, type ListenAddress } from '../nbd/server.js';
 import { defaultCacheDir, openCatalog, type CatalogOptions } from '../src/catalog.js';
-import { probeStore } from '../src/store/probe.js';
+import { DEFAULT_RETRY_BUDGET_MS, INTERACTIVE_RETRY_BUDGET_MS } from '../src/store/open.js';
+import { waitForStore } from '../src/store/probe.js';
 import { StoreCatalog } from '../src/volume/catalog.js';
 import type { Logger } from '../src/log.js';
 import { DEFAULT_LISTEN, defaultStoreUrl, parseListen } from '../src/config.js';
@@ -67,8 +68,12 @@ function withStore(cmd: Command): Command {
     .addOption(new Option('--region <region>', 'S3 region').env('AWS_REGION'));
 }
 
+/**
+ * Commands a person waits for give each store operation INTERACTIVE_RETRY_BUDGET_MS, retries
+ * included, then fail with a message naming the store and its endpoint; serve chooses its own.
+ */
 function catalogFor(o: StoreFlags, extra: CatalogOptions = {}) {
-  return openCatalog(o.store, { ...extra, ...(o.endpoint ? { endpoint: o.endpoint } : {}), ...(o.region ? { region: o.region } : {}) });
+  return openCatalog(o.store, { retry: { budgetMs: INTERACTIVE_RETRY_BUDGET_MS }, ...extra, ...(o.endpoint ? { endpoint: o.endpoint } : {}), ...(o.region ? { region: o.region } : {}) });
 }
 
 /** Aligned columns for humans (stdout); the first row is the header. */
@@ -140,7 +145,7 @@ Examples:
   $ nbdfuse /mnt/work nbd://127.0.0.1/work &         # or as a file through FUSE`)
   .action(async (opts: StoreFlags & LeaseFlags & { listen: string; socket?: string; cacheDir: string; cacheSize: number; readOnly?: boolean; create?: string; size?: number; handshakeTimeout: number; idleGrace: number; logLevel: string; onHeld: OnHeld; heldWait: number; gcInterval: number; gcGrace: number; compactBelow: number }) => {
     const log = makeLogger(opts.logLevel);
-    const catalog = catalogFor(opts, { log, cacheDir: opts.cacheDir, cacheSize: opts.cacheSize });
+    const catalog = catalogFor(opts, { log, cacheDir: opts.cacheDir, cacheSize: opts.cacheSize, retry: { budgetMs: DEFAULT_RETRY_BUDGET_MS } });
     await probeBeforeServing(catalog, !!opts.readOnly, log);
     if (opts.create) {
       if (opts.size === undefined) throw new BatonError('BATON_ERR_INVALID_ARGUMENT', '--create needs --size (for example --size 10G)');
@@ -417,11 +422,14 @@ withLease(withStore(program.command('status')
     }
   });
 
-/** Refuse to serve read-write on a store that does not honour create-only puts: fencing would be a lie. */
+/**
+ * Refuse to serve read-write on a store that does not honour create-only puts: fencing would
+ * be a lie. While the store does not answer, log that and keep trying (see waitForStore).
+ */
 async function probeBeforeServing(catalog: unknown, readOnly: boolean, log: Logger): Promise<void> {
   if (readOnly || !(catalog instanceof StoreCatalog)) return;
   const t0 = Date.now();
-  await probeStore(catalog.store);
+  await waitForStore(catalog.store, { log });
   log.info({ store: catalog.description, ms: Date.now() - t0 }, 'store honours create-only puts');
 }
 

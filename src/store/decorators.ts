@@ -102,6 +102,11 @@ export class RetryingObjectStore implements ObjectStore {
     this.#now = opts.now ?? (() => performance.now());
   }
 
+  /** The store as its errors name it (with the endpoint, for S3). */
+  get target(): string {
+    return this.#target;
+  }
+
   /** The budget this store gives one operation (Infinity: none). */
   get budgetMs(): number {
     return this.#budget;

@@ -27,7 +27,7 @@ import { MemoryObjectStore, compareKeys } from '../../src/store/memory.js';
 import { LocalDirObjectStore, LOCAL_HEADER_SIZE } from '../../src/store/local-dir.js';
 import { S3ObjectStore } from '../../src/store/s3.js';
 import { RetryingObjectStore } from '../../src/store/decorators.js';
-import { probeStore, PROBE_PREFIX } from '../../src/store/probe.js';
+import { probeStore, PROBE_PREFIX, SettingsCheckedObjectStore } from '../../src/store/probe.js';
 import { defaultStoreUrl, openStore } from '../../src/store/open.js';
 import { hasS3, makeTestBucket, s3TestEnv, type S3TestEnv } from '../helpers/s3.js';
 
@@ -474,7 +474,7 @@ async function closedPort(): Promise<number> {
 
 test('openStore parses file:, file:///, memory: and refuses the rest', (t) => {
   const rel = openStore('file:some/dir');
-  t.true(rel instanceof LocalDirObjectStore);
+  t.true(rel instanceof SettingsCheckedObjectStore && rel.next instanceof LocalDirObjectStore); // the settings check wraps every shared store
   t.is(rel.description, `file:${join(process.cwd(), 'some/dir')}`);
   t.is(openStore('file:///var/lib/baton').description, 'file:/var/lib/baton');
   t.is(openStore('file://localhost/srv/b').description, 'file:/srv/b');
