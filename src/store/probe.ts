@@ -40,7 +40,7 @@ export async function probeStore(store: ObjectStore): Promise<ProbeResult> {
   const first = randomBytes(64);
   const second = randomBytes(64);
   const putId = newPutId();
-  let failed = false;
+  let failed: unknown;
   try {
     await store.put(key, first, { ifNoneMatch: true, metadata: { [PUT_ID_META]: putId } });
 
@@ -84,14 +84,20 @@ export async function probeStore(store: ObjectStore): Promise<ProbeResult> {
     }
     return { store: store.description, key, elapsedMs: performance.now() - t0 };
   } catch (err) {
-    failed = true;
+    failed = err;
     throw err;
   } finally {
-    try {
-      await store.delete(key);
-    } catch (err) {
-      // Do not hide the probe's own verdict behind a cleanup failure.
-      if (!failed) throw err;
+    if (failed !== undefined && isRetryable(failed)) {
+      // The store does not answer: do not make the caller wait a second budget for the
+      // cleanup of a key that most likely never landed; it runs on in the background.
+      store.delete(key).catch(() => {});
+    } else {
+      try {
+        await store.delete(key);
+      } catch (err) {
+        // Do not hide the probe's own verdict behind a cleanup failure.
+        if (failed === undefined) throw err;
+      }
     }
   }
 }

@@ -213,19 +213,32 @@ export class S3ObjectStore implements ObjectStore {
    */
   async #call<T>(
     bytes: number,
-    run: (options: { abortSignal: AbortSignal; requestTimeout: number }, onBody: (body: { destroy?: (err?: Error) => void }) => void) => Promise<T>,
+    run: (
+      options: { abortSignal: AbortSignal; requestTimeout: number },
+      onBody: (body: { destroy?: (err?: Error) => void }, length: number | undefined) => void,
+    ) => Promise<T>,
   ): Promise<T> {
+    const t0 = performance.now();
     const transferMs = bytes / this.#bytesPerMs;
-    const wholeMs = Math.ceil(this.#wholeMs + transferMs);
+    let wholeMs = Math.ceil(this.#wholeMs + transferMs);
     const ac = new AbortController();
     let body: { destroy?: (err?: Error) => void } | undefined;
-    const timer = setTimeout(() => {
+    const expire = (): void => {
       const err = Object.assign(new Error(`no complete answer within ${wholeMs} ms (the whole-request limit)`), { name: 'TimeoutError' });
       ac.abort(err);
       body?.destroy?.(err);
-    }, wholeMs);
+    };
+    let timer = setTimeout(expire, wholeMs);
     try {
-      return await run({ abortSignal: ac.signal, requestTimeout: Math.ceil(this.#firstByteMs + transferMs) }, (b) => { body = b; });
+      return await run({ abortSignal: ac.signal, requestTimeout: Math.ceil(this.#firstByteMs + transferMs) }, (b, length) => {
+        body = b;
+        // A body bigger than the call was sized for (a whole-object get) gets its transfer time.
+        if (length !== undefined && length > bytes) {
+          clearTimeout(timer);
+          wholeMs = Math.ceil(this.#wholeMs + length / this.#bytesPerMs);
+          timer = setTimeout(expire, Math.max(0, t0 + wholeMs - performance.now()));
+        }
+      });
     } finally {
       clearTimeout(timer);
     }
@@ -318,16 +331,16 @@ export class S3ObjectStore implements ObjectStore {
     let buf: Buffer;
     let contentRange: string | undefined;
     try {
-      // A whole-object get does not know its size before the headers: it is given the time
-      // of one segment (8 MiB), which is what baton's whole-object reads are at most.
-      [buf, contentRange] = await this.#call(range?.length ?? 8 * 1024 * 1024, async (sendOptions, onBody) => {
+      // A whole-object get learns its size from the headers (onBody extends the limit then);
+      // until they arrive it is sized like a small object.
+      [buf, contentRange] = await this.#call(range?.length ?? 0, async (sendOptions, onBody) => {
         const res = await this.client.send(new GetObjectCommand({
           Bucket: this.bucket,
           Key: fullKey,
           ...(range !== undefined ? { Range: `bytes=${range.offset}-${range.offset + range.length - 1}` } : {}),
         }), sendOptions);
         if (res.Body === undefined) throw new StoreUnavailableError(`${this.#where('get', key)}: response had no body`);
-        onBody(res.Body as { destroy?: (err?: Error) => void });
+        onBody(res.Body as { destroy?: (err?: Error) => void }, res.ContentLength);
         const arr = await res.Body.transformToByteArray();
         const b = Buffer.from(arr.buffer, arr.byteOffset, arr.byteLength);
         if (res.ContentLength !== undefined && res.ContentLength !== b.length) {

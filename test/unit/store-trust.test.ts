@@ -117,6 +117,7 @@ test('9.10: openStore s3:// against an endpoint that never answers fails within 
 });
 
 test('9.10: an S3 call has its own limits: no response headers within the first-byte limit fails, naming the endpoint', async (t) => {
+  t.timeout(30_000);
   const { endpoint } = await silentServer(t);
   const store = s3At(t, endpoint, { maxAttempts: 1, firstByteTimeoutMs: 300, socketTimeoutMs: 60_000, requestTimeoutMs: 60_000 });
   const { ms, err } = await elapsed(store.head('k'));
@@ -127,6 +128,7 @@ test('9.10: an S3 call has its own limits: no response headers within the first-
 });
 
 test('9.10: a server that trickles a body forever is cut off by the whole-request limit', async (t) => {
+  t.timeout(30_000);
   const timers = new Set<NodeJS.Timeout>();
   t.teardown(() => { for (const x of timers) clearInterval(x); });
   const endpoint = await fakeS3(t, (_req, res) => {
