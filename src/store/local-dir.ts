@@ -9,12 +9,12 @@
  * their parent when first used by this process. Readers never see a partial object.
  *
  * Temp files, and why they cannot leak: they live in one directory, `DIR/.tmp/` (list() skips
- * names starting with '.', and no key escapes to one), named `<pid>-<random>`. A crash can
+ * names starting with '.', and no key escapes to one), named `<pid>-<nonce>-<random>`. A crash can
  * leave one behind: before its link (garbage), or after it (a second name of the object, so
- * deleting the object would free nothing). The first put of each process sweeps `.tmp/`
- * before it makes a temp file of its own, removing those whose process is gone, those with
- * this process's own pid (they predate it: a recycled pid), and any older than STALE_TMP_MS
- * (a pid recycled by a live stranger). Removing a temp another process is still writing
+ * deleting the object would free nothing). The first put of each store instance sweeps
+ * `.tmp/`, removing those whose process is gone, those with this process's pid but not its
+ * nonce (a predecessor's: a recycled pid), and any older than STALE_TMP_MS (a pid recycled by
+ * a live stranger), never this process's own. Removing a temp another process is still writing
  * cannot corrupt anything: its link or rename then fails (ENOENT) and so does its put; and
  * after the link, the temp name is only a second name. One directory keeps the sweep's cost
  * at the number of temps, not objects. (Stores written before this layout may hold
@@ -54,6 +54,12 @@ export const LOCAL_HEADER_SIZE = 4096;
 const OBJ_SUFFIX = '@';
 /** Temp files' directory under the root (see the invariants above). */
 export const TMP_DIR = '.tmp';
+/**
+ * Temp names are `<pid>-<this process's nonce>-<random>`: a temp with our pid and another
+ * nonce is a predecessor's (a recycled pid); with ours, it belongs to a live put of this
+ * process, maybe through another store instance on the same directory.
+ */
+export const PROCESS_NONCE = randomBytes(4).toString('hex');
 /** A temp file older than this is stale whoever made it: no put takes an hour between write and link. */
 export const STALE_TMP_MS = 60 * 60 * 1000;
 const PUT_RETRIES = 5;
@@ -189,8 +195,8 @@ export class LocalDirObjectStore implements ObjectStore {
 
   /**
    * Removes stale temp files (see the invariants at the top); returns how many. Runs before
-   * this process's first put, so a temp with our own pid is a predecessor's. Best effort: a
-   * file it cannot remove is left for the next process.
+   * this instance's first put. Best effort: a file it cannot remove is left for the next
+   * process.
    */
   async sweepTemps(now: number = Date.now()): Promise<number> {
     let names: string[];
@@ -202,7 +208,10 @@ export class LocalDirObjectStore implements ObjectStore {
     let removed = 0;
     for (const name of names) {
       const path = join(this.#tmpDir, name);
-      const pid = Number(/^(\d+)-/.exec(name)?.[1] ?? NaN);
+      const m = /^(\d+)-([^-]*)/.exec(name);
+      const pid = Number(m?.[1] ?? NaN);
+      const ours = pid === process.pid && m?.[2] === PROCESS_NONCE;
+      if (ours) continue;
       let stale = Number.isSafeInteger(pid) && pid > 0 && (pid === process.pid || !processExists(pid));
       if (!stale) {
         try {
@@ -352,7 +361,7 @@ export class LocalDirObjectStore implements ObjectStore {
       let tmpGone = false;
       let fh: FileHandle | undefined;
       for (let attempt = 0; ; attempt++) {
-        tmp = join(this.#tmpDir, `${process.pid}-${randomBytes(8).toString('hex')}`);
+        tmp = join(this.#tmpDir, `${process.pid}-${PROCESS_NONCE}-${randomBytes(8).toString('hex')}`);
         try {
           fh = await open(tmp, fsc.O_WRONLY | fsc.O_CREAT | fsc.O_EXCL, 0o644);
           break;

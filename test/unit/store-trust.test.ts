@@ -23,7 +23,7 @@ import {
   StoreUnsafeError,
 } from '../../src/errors.js';
 import { FaultyObjectStore, PUT_ID_META, RetryingObjectStore } from '../../src/store/decorators.js';
-import { LocalDirObjectStore, STALE_TMP_MS, TMP_DIR } from '../../src/store/local-dir.js';
+import { LocalDirObjectStore, PROCESS_NONCE, STALE_TMP_MS, TMP_DIR } from '../../src/store/local-dir.js';
 import { MemoryObjectStore } from '../../src/store/memory.js';
 import { listAll, type ByteRange, type ListOptions, type ObjectStore, type PutOptions } from '../../src/store/object-store.js';
 import { openStore } from '../../src/store/open.js';
@@ -320,6 +320,7 @@ test('17: a temp file left by a crash (garbage, or a second name after the link)
   await writeFile(join(tmp, `${dead}-halfwritten`), 'partial');
   await writeFile(join(tmp, `${process.pid}-predecessor`), 'partial');
   await writeFile(join(tmp, `${process.ppid}-live`), 'being written');
+  await writeFile(join(tmp, `${process.pid}-${PROCESS_NONCE}-inflight`), 'this process, another store instance');
   await writeFile(join(tmp, `${process.ppid}-ancient`), 'stuck');
   const old = new Date(Date.now() - STALE_TMP_MS - 60_000);
   await utimes(join(tmp, `${process.ppid}-ancient`), old, old);
@@ -327,7 +328,7 @@ test('17: a temp file left by a crash (garbage, or a second name after the link)
 
   const next = new LocalDirObjectStore(dir); // the next process
   await next.put('vol/v/seg/2', Buffer.from('x'));
-  t.deepEqual(await readdir(tmp), [`${process.ppid}-live`]);
+  t.deepEqual((await readdir(tmp)).sort(), [`${process.pid}-${PROCESS_NONCE}-inflight`, `${process.ppid}-live`].sort());
   t.is((await stat(objectFile)).nlink, 1, 'deleting the object now frees it');
   await next.delete('vol/v/seg/1');
   await next.delete('vol/v/seg/2');
