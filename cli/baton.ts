@@ -17,7 +17,8 @@ process.emitWarning = ((warning: string | Error, ...rest: unknown[]) => {
 import { Command, InvalidArgumentError as CommanderInvalidArgument, Option } from 'commander';
 import { DEFAULT_MAX_CONNECTIONS, NbdServer, type ListenAddress } from '../nbd/server.js';
 import { defaultCacheDir, openCatalog, type CatalogOptions } from '../src/catalog.js';
-import { probeStore } from '../src/store/probe.js';
+import { DEFAULT_RETRY_BUDGET_MS, INTERACTIVE_RETRY_BUDGET_MS } from '../src/store/open.js';
+import { waitForStore } from '../src/store/probe.js';
 import { StoreCatalog, type StoreVolumeInfo } from '../src/volume/catalog.js';
 import type { Logger } from '../src/log.js';
 import { DEFAULT_LISTEN, defaultStoreUrl, isProcessLocalStore, parseListen } from '../src/config.js';
@@ -80,8 +81,12 @@ function withStore(cmd: Command): Command {
     .addOption(new Option('--region <region>', 'S3 region').env('AWS_REGION'));
 }
 
+/**
+ * Commands a person waits for give each store operation INTERACTIVE_RETRY_BUDGET_MS, retries
+ * included, then fail with a message naming the store and its endpoint; serve chooses its own.
+ */
 function catalogFor(o: StoreFlags, extra: CatalogOptions = {}) {
-  return openCatalog(o.store, { ...extra, ...(o.endpoint ? { endpoint: o.endpoint } : {}), ...(o.region ? { region: o.region } : {}) });
+  return openCatalog(o.store, { retry: { budgetMs: INTERACTIVE_RETRY_BUDGET_MS }, ...extra, ...(o.endpoint ? { endpoint: o.endpoint } : {}), ...(o.region ? { region: o.region } : {}) });
 }
 
 /** Aligned columns for humans (stdout); the first row is the header. */
@@ -165,7 +170,7 @@ Examples:
   .action(async (opts: StoreFlags & LeaseFlags & { listen: string; socket?: string; cacheDir: string; cacheSize: number; readOnly?: boolean; create?: string; size?: number; handshakeTimeout: number; maxConnections: number; idleGrace: number; logLevel: string; onHeld: OnHeld; heldWait: number; gcInterval: number; gcGrace: number; compactBelow: number }) => {
     const log = makeLogger(opts.logLevel);
     if (opts.size !== undefined && !opts.create) throw new InvalidArgumentError('--size is the size of the volume --create NAME makes; without --create it would do nothing (volumes are made with baton create NAME --size SIZE)');
-    const catalog = catalogFor(opts, { log, cacheDir: opts.cacheDir, cacheSize: opts.cacheSize });
+    const catalog = catalogFor(opts, { log, cacheDir: opts.cacheDir, cacheSize: opts.cacheSize, retry: { budgetMs: DEFAULT_RETRY_BUDGET_MS } });
     if (catalog instanceof StoreCatalog) await checkCacheDir(catalog, opts.cacheDir);
     await probeBeforeServing(catalog, !!opts.readOnly, log);
     if (opts.create) {
@@ -499,11 +504,14 @@ async function checkCacheDir(catalog: StoreCatalog, dir: string): Promise<void> 
   }
 }
 
-/** Refuse to serve read-write on a store that does not honour create-only puts: fencing would be a lie. */
+/**
+ * Refuse to serve read-write on a store that does not honour create-only puts: fencing would
+ * be a lie. While the store does not answer, log that and keep trying (see waitForStore).
+ */
 async function probeBeforeServing(catalog: unknown, readOnly: boolean, log: Logger): Promise<void> {
   if (readOnly || !(catalog instanceof StoreCatalog)) return;
   const t0 = Date.now();
-  await probeStore(catalog.store);
+  await waitForStore(catalog.store, { log });
   log.info({ store: catalog.description, ms: Date.now() - t0 }, 'store honours create-only puts');
 }
 

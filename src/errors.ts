@@ -7,6 +7,8 @@
  * - retry later:      StoreUnavailableError
  * - fix the input:    InvalidArgumentError, OutOfRangeError, NotFoundError, AlreadyExistsError
  * - not allowed:      ReadOnlyError, LeaseHeldError, NotSupportedError
+ * - fix the setup:    MisconfiguredError (this process disagrees with what the store records),
+ *                     StoreUnsafeError (the store breaks a guarantee baton relies on)
  * - terminal:         FencedError (another host took the volume), ShutdownError, CorruptError
  */
 
@@ -21,6 +23,7 @@ export type BatonErrorCode =
   | 'BATON_ERR_PRECONDITION_FAILED'
   | 'BATON_ERR_STORE_UNAVAILABLE'
   | 'BATON_ERR_STORE_UNSAFE'
+  | 'BATON_ERR_MISCONFIGURED'
   | 'BATON_ERR_IO'
   | 'BATON_ERR_LEASE_HELD'
   | 'BATON_ERR_LEASE_LOST'
@@ -81,9 +84,22 @@ export class StoreUnavailableError extends BatonError {
   constructor(message: string, options?: { cause?: unknown }) { super('BATON_ERR_STORE_UNAVAILABLE', message, options); }
 }
 
-/** The store does not honour create-only puts: running on it would make fencing a lie. */
+/**
+ * The store breaks a guarantee baton relies on: create-only puts (fencing would be a lie),
+ * metadata that survives a put (ambiguous puts could not be resolved), complete listings
+ * (GC and fork points would work from a partial view).
+ */
 export class StoreUnsafeError extends BatonError {
   constructor(message: string) { super('BATON_ERR_STORE_UNSAFE', message); }
+}
+
+/**
+ * This process's configuration disagrees with the one the store records for every host (e.g.
+ * BATON_MAX_OPERATION_MS, on which GC's safety rests), or with the host's environment (a
+ * clock the store refuses). Not retryable: the message says what to change.
+ */
+export class MisconfiguredError extends BatonError {
+  constructor(message: string, options?: { cause?: unknown }) { super('BATON_ERR_MISCONFIGURED', message, options); }
 }
 
 /** A local I/O failure (cache disk, local file backend). */

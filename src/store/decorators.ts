@@ -6,14 +6,19 @@
  *   landed but whose reply was lost: the retry gets 412 although we won. Every put is stamped
  *   with `baton-put-id` metadata, and a 412 on a retry is resolved by reading the object's id
  *   back: ours means the earlier attempt succeeded (SlateDB verify_put_succeeded). A 412 on
- *   the first attempt is never second-guessed: it is a real conflict.
+ *   the first attempt is never second-guessed: it is a real conflict. A 412 is never retried.
+ *   Besides the attempt count, an optional budget bounds the time one operation takes, its
+ *   attempts and backoffs included (the AWS SDKs' "API call timeout"): an attempt still
+ *   running at the deadline is abandoned (its outcome is then unknown, as for any timeout)
+ *   and the error names the store and what to check, so a person waiting on a command gets an
+ *   answer within the budget even from an endpoint that accepts connections and never answers.
  * - FaultyObjectStore: deterministic (seeded) fault injection for tests and benchmarks:
  *   latency, errors before the op, lost replies after the op, timeouts, a hang switch.
  * - InstrumentedObjectStore: counts requests, errors and bytes per operation, so a test can
  *   assert "one flush = N PUTs" and a benchmark can report request rates.
  */
 import { randomBytes } from 'node:crypto';
-import { PreconditionFailedError, StoreUnavailableError, TimeoutError, isBatonError } from '../errors.js';
+import { PreconditionFailedError, StoreUnavailableError, TimeoutError, errorMessage, isBatonError } from '../errors.js';
 import type { ByteRange, ListOptions, ObjectHead, ObjectInfo, ObjectStore, PutOptions } from './object-store.js';
 
 /** Metadata key stamped on every put so an ambiguous create-only retry can be resolved. */
@@ -36,6 +41,13 @@ export function isRetryable(err: unknown): boolean {
 
 // ---------------------------------------------------------------------------------------------
 
+/** Errors RetryingObjectStore made when a budget ran out: thrown as they are, never wrapped again. */
+const OUT_OF_TIME = new WeakSet<object>();
+function outOfTime<E extends Error>(err: E): E {
+  OUT_OF_TIME.add(err);
+  return err;
+}
+
 export interface RetryOptions {
   /** Total attempts including the first (default 6). */
   attempts?: number;
@@ -47,6 +59,19 @@ export interface RetryOptions {
   random?: () => number;
   /** Default setTimeout; tests may pass a no-op to run fast. */
   sleep?: (ms: number) => Promise<void>;
+  /**
+   * Longest one operation may take, attempts and backoffs included (default: no limit beyond
+   * `attempts`). A listing's budget restarts whenever it yields a key (a long listing makes
+   * progress; only a stall is bounded), and the time the caller spends between keys is not
+   * counted. The read-back that resolves an ambiguous create-only put gets a budget of its own.
+   */
+  budgetMs?: number;
+  /** Named in the budget error, e.g. "s3://bucket/prefix/ at http://10.0.0.5:7480" (default the store's description). */
+  target?: string;
+  /** What to check when the budget runs out (default: that the store is up and reachable from this host). */
+  hint?: string;
+  /** Monotonic milliseconds; default performance.now. */
+  now?: () => number;
   onRetry?: (info: { op: StoreOp; key: string; attempt: number; delayMs: number; error: unknown }) => void;
 }
 
@@ -58,6 +83,10 @@ export class RetryingObjectStore implements ObjectStore {
   readonly #random: () => number;
   readonly #sleep: (ms: number) => Promise<void>;
   readonly #onRetry: RetryOptions['onRetry'];
+  readonly #budget: number;
+  readonly #target: string;
+  readonly #hint: string;
+  readonly #now: () => number;
 
   constructor(readonly next: ObjectStore, opts: RetryOptions = {}) {
     this.description = next.description;
@@ -67,6 +96,64 @@ export class RetryingObjectStore implements ObjectStore {
     this.#random = opts.random ?? Math.random;
     this.#sleep = opts.sleep ?? sleepMs;
     this.#onRetry = opts.onRetry;
+    this.#budget = opts.budgetMs !== undefined && opts.budgetMs > 0 ? opts.budgetMs : Infinity;
+    this.#target = opts.target ?? next.description;
+    this.#hint = opts.hint ?? 'check that the store is up and reachable from this host';
+    this.#now = opts.now ?? (() => performance.now());
+  }
+
+  /** The store as its errors name it (with the endpoint, for S3). */
+  get target(): string {
+    return this.#target;
+  }
+
+  /** The budget this store gives one operation (Infinity: none). */
+  get budgetMs(): number {
+    return this.#budget;
+  }
+
+  #deadline(): number {
+    return this.#now() + this.#budget;
+  }
+
+  #outOfTime(op: StoreOp, key: string, attempts: number, last: unknown): StoreUnavailableError {
+    const why = last === undefined ? 'no answer' : `last error: ${errorMessage(last)}`;
+    return outOfTime(new StoreUnavailableError(
+      `${op} ${key} on ${this.#target}: gave up after ${(this.#budget / 1000).toFixed(1)} s and ${attempts} attempt${attempts === 1 ? '' : 's'} ` +
+      `(${why}); ${this.#hint}`,
+      { cause: last },
+    ));
+  }
+
+  /**
+   * One attempt, abandoned at `deadline`: the caller stops waiting, the request itself runs
+   * on until its own limits end it (nothing here can cancel it), and its outcome is unknown.
+   */
+  async #attempt<T>(op: StoreOp, key: string, deadline: number, attempts: number, last: unknown, fn: () => Promise<T>): Promise<T> {
+    if (this.#budget === Infinity) return fn();
+    const p = fn();
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const expired = new Promise<never>((_, reject) => {
+      timer = setTimeout(() => reject(this.#outOfTime(op, key, attempts, last)), Math.max(0, deadline - this.#now()));
+    });
+    try {
+      return await Promise.race([p, expired]);
+    } finally {
+      clearTimeout(timer);
+      p.catch(() => {}); // an abandoned attempt's late failure is nobody's business
+    }
+  }
+
+  /** Whether another attempt may start after this backoff; false means give up now. */
+  #mayRetry(err: unknown, attempt: number, deadline: number, delayMs: number): boolean {
+    return isRetryable(err) && attempt < this.#attempts && this.#now() + delayMs < deadline;
+  }
+
+  /** The error to throw when giving up: out of time is said as such, out of attempts is the last error. */
+  #giveUp(op: StoreOp, key: string, err: unknown, attempt: number, deadline: number, delayMs: number): unknown {
+    if (OUT_OF_TIME.has(err as object)) return err;
+    if (isRetryable(err) && attempt < this.#attempts && this.#now() + delayMs >= deadline) return this.#outOfTime(op, key, attempt, err);
+    return err;
   }
 
   /** "Equal jitter": half the exponential delay fixed, half random, so retries spread but never bunch at 0. */
@@ -75,19 +162,22 @@ export class RetryingObjectStore implements ObjectStore {
     return d / 2 + this.#random() * (d / 2);
   }
 
-  async #backoff(op: StoreOp, key: string, attempt: number, error: unknown): Promise<void> {
-    const delayMs = this.#delay(attempt);
+  async #backoff(op: StoreOp, key: string, attempt: number, error: unknown, delayMs: number): Promise<void> {
     this.#onRetry?.({ op, key, attempt, delayMs, error });
     await this.#sleep(delayMs);
   }
 
   async #run<T>(op: StoreOp, key: string, fn: () => Promise<T>): Promise<T> {
+    const deadline = this.#deadline();
+    let last: unknown;
     for (let attempt = 1; ; attempt++) {
       try {
-        return await fn();
+        return await this.#attempt(op, key, deadline, attempt, last, fn);
       } catch (err) {
-        if (!isRetryable(err) || attempt >= this.#attempts) throw err;
-        await this.#backoff(op, key, attempt, err);
+        const delayMs = this.#delay(attempt);
+        if (!this.#mayRetry(err, attempt, deadline, delayMs)) throw this.#giveUp(op, key, err, attempt, deadline, delayMs);
+        last = err;
+        await this.#backoff(op, key, attempt, err, delayMs);
       }
     }
   }
@@ -110,19 +200,27 @@ export class RetryingObjectStore implements ObjectStore {
     const createOnly = options?.ifNoneMatch === true;
     // True once an attempt failed in a way that may have hidden a landed write.
     let mayHaveLanded = false;
+    const deadline = this.#deadline();
+    let last: unknown;
     for (let attempt = 1; ; attempt++) {
       try {
-        await this.next.put(key, body, opts);
+        await this.#attempt('put', key, deadline, attempt, last, () => this.next.put(key, body, opts));
         return;
       } catch (err) {
+        // A 412 is never retried: after an attempt that may have landed it is resolved by the
+        // put id (ours: that attempt won; anything else: a real conflict), otherwise it is one.
+        // The read-back gets its own budget: giving up on it would turn a put we may have won
+        // into an error, which is safe (the outcome is reported unknown) but needlessly so.
         if (createOnly && mayHaveLanded && err instanceof PreconditionFailedError) {
           const h = await this.#run('head', key, () => this.next.head(key));
           if (h !== null && h.metadata[PUT_ID_META] === putId) return;
           throw err;
         }
-        if (!isRetryable(err) || attempt >= this.#attempts) throw err;
+        const delayMs = this.#delay(attempt);
+        if (!this.#mayRetry(err, attempt, deadline, delayMs)) throw this.#giveUp('put', key, err, attempt, deadline, delayMs);
         mayHaveLanded = true;
-        await this.#backoff('put', key, attempt, err);
+        last = err;
+        await this.#backoff('put', key, attempt, err, delayMs);
       }
     }
   }
@@ -131,18 +229,37 @@ export class RetryingObjectStore implements ObjectStore {
   async *list(prefix: string, options?: ListOptions): AsyncIterable<ObjectInfo> {
     let after = options?.startAfter;
     let attempt = 1;
+    let deadline = this.#deadline();
+    let last: unknown;
     for (;;) {
+      const it = this.next.list(prefix, after !== undefined ? { startAfter: after } : {})[Symbol.asyncIterator]();
+      let pending = false;
       try {
-        for await (const o of this.next.list(prefix, after !== undefined ? { startAfter: after } : {})) {
-          yield o;
-          after = o.key;
-          attempt = 1; // progress: a long listing may survive any number of spaced-out errors
+        for (;;) {
+          pending = true;
+          const r = await this.#attempt('list', prefix, deadline, attempt, last, () => it.next());
+          pending = false;
+          if (r.done === true) return;
+          yield r.value;
+          // Progress: a long listing may survive any number of spaced-out errors, and the
+          // caller's time between keys (this runs when it asks for the next) is not ours.
+          after = r.value.key;
+          attempt = 1;
+          last = undefined;
+          deadline = this.#deadline();
         }
-        return;
       } catch (err) {
-        if (!isRetryable(err) || attempt >= this.#attempts) throw err;
-        await this.#backoff('list', prefix, attempt, err);
+        const delayMs = this.#delay(attempt);
+        if (!this.#mayRetry(err, attempt, deadline, delayMs)) throw this.#giveUp('list', prefix, err, attempt, deadline, delayMs);
+        last = err;
+        await this.#backoff('list', prefix, attempt, err, delayMs);
         attempt++;
+      } finally {
+        // Close the inner listing (the caller stopped early, or it failed). One abandoned at
+        // the deadline may still be waiting for a page: close it when that ends, unwaited.
+        // (An async generator queues return() behind its pending next().)
+        const closed = Promise.resolve(it.return?.()).catch(() => {});
+        if (!pending) await closed;
       }
     }
   }

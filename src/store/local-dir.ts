@@ -2,12 +2,23 @@
  * LocalDirObjectStore: the embedded default store (`file:DIR`), one file per object under DIR.
  *
  * Crash safety (what a resolved put promises after power loss): the body is written to a
- * temp file in the destination directory and fdatasync'ed; then `link(tmp, final)` for a
- * create-only put (atomic, EEXIST is the precondition failure, the same fencing primitive as
- * S3's If-None-Match: *) or `rename(tmp, final)` for a plain put (atomic replace); then the
- * directory is fsync'ed so the new name is durable. Directories are fsync'ed into their parent
- * when first used by this process. Readers never see a partial object, and a crash leaves at
- * worst a `.tmp-*` file, which list() ignores.
+ * temp file and fdatasync'ed; then `link(tmp, final)` for a create-only put (atomic, EEXIST is
+ * the precondition failure, the same fencing primitive as S3's If-None-Match: *) and the temp
+ * name is unlinked at once, or `rename(tmp, final)` for a plain put (atomic replace); then the
+ * destination directory is fsync'ed so the new name is durable. Directories are fsync'ed into
+ * their parent when first used by this process. Readers never see a partial object.
+ *
+ * Temp files, and why they cannot leak: they live in one directory, `DIR/.tmp/` (list() skips
+ * names starting with '.', and no key escapes to one), named `<pid>-<nonce>-<random>`. A crash can
+ * leave one behind: before its link (garbage), or after it (a second name of the object, so
+ * deleting the object would free nothing). The first put of each store instance sweeps
+ * `.tmp/`, removing those whose process is gone, those with this process's pid but not its
+ * nonce (a predecessor's: a recycled pid), and any older than STALE_TMP_MS (a pid recycled by
+ * a live stranger), never this process's own. Removing a temp another process is still writing
+ * cannot corrupt anything: its link or rename then fails (ENOENT) and so does its put; and
+ * after the link, the temp name is only a second name. One directory keeps the sweep's cost
+ * at the number of temps, not objects. (Stores written before this layout may hold
+ * `.tmp-*` files beside objects; nothing removes those.)
  *
  * Layout, and why:
  * - Key "vol/abc/log/1" is the file `DIR/vol/abc/log/1@`. Objects end in '@' and directories
@@ -41,8 +52,27 @@ import type { ByteRange, ListOptions, ObjectHead, ObjectInfo, ObjectStore, PutOp
 const MAGIC = Buffer.from('BATONOB1', 'latin1');
 export const LOCAL_HEADER_SIZE = 4096;
 const OBJ_SUFFIX = '@';
-const TMP_PREFIX = '.tmp-';
+/** Temp files' directory under the root (see the invariants above). */
+export const TMP_DIR = '.tmp';
+/**
+ * Temp names are `<pid>-<this process's nonce>-<random>`: a temp with our pid and another
+ * nonce is a predecessor's (a recycled pid); with ours, it belongs to a live put of this
+ * process, maybe through another store instance on the same directory.
+ */
+export const PROCESS_NONCE = randomBytes(4).toString('hex');
+/** A temp file older than this is stale whoever made it: no put takes an hour between write and link. */
+export const STALE_TMP_MS = 60 * 60 * 1000;
 const PUT_RETRIES = 5;
+
+/** Whether a process with this pid exists on this machine (EPERM: it does, it is not ours). */
+function processExists(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (err) {
+    return errnoOf(err) === 'EPERM';
+  }
+}
 
 interface Header {
   etag: string;
@@ -137,10 +167,68 @@ export class LocalDirObjectStore implements ObjectStore {
   readonly root: string;
   /** Directories whose entry in their parent this process has fsync'ed (or found and fsync'ed). */
   readonly #durableDirs = new Set<string>();
+  readonly #tmpDir: string;
+  /** Root made durable, `.tmp/` made and swept; once per process (reset if it failed). */
+  #tmpReady: Promise<void> | null = null;
 
   constructor(dir: string) {
     this.root = resolve(dir);
     this.description = `file:${this.root}`;
+    this.#tmpDir = join(this.root, TMP_DIR);
+  }
+
+  #prepareTmp(): Promise<void> {
+    if (this.#tmpReady !== null) return this.#tmpReady;
+    const p = (async () => {
+      await this.#ensureDir([]);
+      try {
+        await mkdir(this.#tmpDir);
+      } catch (err) {
+        if (errnoOf(err) !== 'EEXIST') throw err;
+      }
+      await this.sweepTemps();
+    })();
+    this.#tmpReady = p;
+    p.catch(() => { if (this.#tmpReady === p) this.#tmpReady = null; });
+    return p;
+  }
+
+  /**
+   * Removes stale temp files (see the invariants at the top); returns how many. Runs before
+   * this instance's first put. Best effort: a file it cannot remove is left for the next
+   * process.
+   */
+  async sweepTemps(now: number = Date.now()): Promise<number> {
+    let names: string[];
+    try {
+      names = await readdir(this.#tmpDir);
+    } catch {
+      return 0;
+    }
+    let removed = 0;
+    for (const name of names) {
+      const path = join(this.#tmpDir, name);
+      const m = /^(\d+)-([^-]*)/.exec(name);
+      const pid = Number(m?.[1] ?? NaN);
+      const ours = pid === process.pid && m?.[2] === PROCESS_NONCE;
+      if (ours) continue;
+      let stale = Number.isSafeInteger(pid) && pid > 0 && (pid === process.pid || !processExists(pid));
+      if (!stale) {
+        try {
+          stale = now - (await stat(path)).mtimeMs > STALE_TMP_MS;
+        } catch {
+          continue; // gone already
+        }
+      }
+      if (!stale) continue;
+      try {
+        await unlink(path);
+        removed++;
+      } catch {
+        // gone already, or not ours to remove: the next process tries again
+      }
+    }
+    return removed;
   }
 
   #paths(key: string): { dir: string; dirSegs: string[]; file: string } {
@@ -268,45 +356,62 @@ export class LocalDirObjectStore implements ObjectStore {
     const header = encodeHeader({ etag: `"${randomBytes(16).toString('hex')}"`, metadata: { ...options?.metadata } });
     const createOnly = options?.ifNoneMatch === true;
     try {
+      await this.#prepareTmp();
+      let tmp = '';
+      let tmpGone = false;
+      let fh: FileHandle | undefined;
       for (let attempt = 0; ; attempt++) {
-        if (!this.#durableDirs.has(dir)) await this.#ensureDir(dirSegs);
-        const tmp = join(dir, TMP_PREFIX + randomBytes(8).toString('hex'));
-        let fh: FileHandle;
+        tmp = join(this.#tmpDir, `${process.pid}-${PROCESS_NONCE}-${randomBytes(8).toString('hex')}`);
         try {
           fh = await open(tmp, fsc.O_WRONLY | fsc.O_CREAT | fsc.O_EXCL, 0o644);
+          break;
         } catch (err) {
-          // A delete emptied and removed the directory between ensureDir and here.
+          // Someone removed .tmp/ (by hand): make it again.
           if (errnoOf(err) === 'ENOENT' && attempt < PUT_RETRIES) {
-            this.#forgetDirs(dir);
+            await mkdir(this.#tmpDir, { recursive: true });
             continue;
           }
           throw err;
         }
+      }
+      try {
         try {
-          try {
-            await writeFully(fh, [header, body]);
-            await fh.datasync();
-          } finally {
-            await fh.close();
-          }
-          if (createOnly) {
-            try {
-              await link(tmp, file);
-            } catch (err) {
-              if (errnoOf(err) === 'EEXIST') {
-                throw new PreconditionFailedError(`put ${key}: object already exists in ${this.description} (create-only put)`);
-              }
-              throw err;
-            }
-          } else {
-            await rename(tmp, file);
-          }
-          await fsyncDir(dir);
+          await writeFully(fh, [header, body]);
+          await fh.datasync();
         } finally {
-          // After a rename the name is gone already; after link or a failure it is garbage.
-          await unlink(tmp).catch(() => {});
+          await fh.close();
         }
-        return;
+        for (let attempt = 0; ; attempt++) {
+          try {
+            if (!this.#durableDirs.has(dir)) await this.#ensureDir(dirSegs);
+            if (createOnly) {
+              await link(tmp, file);
+              // At once, before anything else can fail: from here the temp is a second name
+              // of the object, and deleting the object would not free it.
+              await unlink(tmp).catch(() => {});
+            } else {
+              await rename(tmp, file);
+            }
+            tmpGone = true;
+            break;
+          } catch (err) {
+            if (errnoOf(err) === 'EEXIST' && createOnly) {
+              throw new PreconditionFailedError(`put ${key}: object already exists in ${this.description} (create-only put)`);
+            }
+            // A delete (of this process or another) emptied and removed the directory, or
+            // one above it, since we made it: make the whole path again. (Or a sweep removed
+            // our temp, and this fails again until we give up.)
+            if (errnoOf(err) === 'ENOENT' && attempt < PUT_RETRIES) {
+              for (let d = dir; d !== this.root && d.startsWith(this.root + '/'); d = dirname(d)) this.#durableDirs.delete(d);
+              continue;
+            }
+            throw err;
+          }
+        }
+        await fsyncDir(dir);
+      } finally {
+        // After a failure before the link or rename the temp is garbage.
+        if (!tmpGone) await unlink(tmp).catch(() => {});
       }
     } catch (err) {
       throw this.#ioError('put', key, err);

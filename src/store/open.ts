@@ -9,7 +9,14 @@
  *   ram:, raw:DIR               plain backends without the engine (src/catalog.ts), not object stores
  *
  * Only S3 is wrapped in the retrying decorator: local-dir errors are not transient (a full
- * disk does not fix itself in 2 s), and retrying them would only delay the message.
+ * disk does not fix itself in 2 s), and retrying them would only delay the message. Its
+ * budget bounds how long one operation may take, retries included: DEFAULT_RETRY_BUDGET_MS
+ * unless the caller chooses (the CLI gives commands a person waits for
+ * INTERACTIVE_RETRY_BUDGET_MS); the S3 store bounds each call itself (s3.ts).
+ * Every store but memory: checks, before its first operation, that this process's settings
+ * (BATON_MAX_OPERATION_MS) are the ones the store records for all its hosts, and records
+ * them at the first write (SettingsCheckedObjectStore in probe.ts).
+ * Layers, bottom up: the store; injected faults (tests); the settings check; retries.
  * Opening does not probe; callers that will write run `probeStore` first.
  */
 import { homedir } from 'node:os';
@@ -19,7 +26,8 @@ import { FaultyObjectStore, RetryingObjectStore, type FaultOptions, type RetryOp
 import { LocalDirObjectStore } from './local-dir.js';
 import { MemoryObjectStore } from './memory.js';
 import type { ObjectStore } from './object-store.js';
-import type { S3ObjectStore, S3StoreOptions } from './s3.js';
+import { SettingsCheckedObjectStore, processSettings, type StoreSettings } from './probe.js';
+import type { S3ObjectStore, S3StoreOptions, S3Timeouts } from './s3.js';
 import type { ByteRange, ListOptions, ObjectHead, ObjectInfo, PutOptions } from './object-store.js';
 
 /**
@@ -35,7 +43,12 @@ export interface OpenStoreOptions {
   /** Tests; production uses the AWS default chain. */
   credentials?: S3StoreOptions['credentials'];
   maxSockets?: number;
+  /** Retries of S3 requests; budgetMs defaults to DEFAULT_RETRY_BUDGET_MS. */
   retry?: RetryOptions;
+  /** Per-call S3 limits (tests use small ones); see S3_TIMEOUT_DEFAULTS in s3.ts. */
+  s3?: S3Timeouts & { maxAttempts?: number };
+  /** What this process must agree on with the store (default: processSettings()). */
+  settings?: StoreSettings;
   /**
    * Fault injection beneath the retry layer (tests and benchmarks: "20 ms per request",
    * "10% errors"). Also read from $BATON_FAULTS as JSON, e.g. {"latencyMs":20}.
@@ -59,13 +72,29 @@ const USAGE = `--store must be ${STORE_URL_FORMS}`;
 // S3 bucket naming rules (lower-case, 3-63, no leading/trailing dot or dash).
 const BUCKET = /^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$/;
 
+/**
+ * How long one store operation of a service (`baton serve`: commits, reads for clients) may
+ * take, retries included: long enough to ride out a store restart, short enough that a dead
+ * store turns into errors a client and the log can see.
+ */
+export const DEFAULT_RETRY_BUDGET_MS = 60_000;
+/** The same for commands a person waits for (`baton ls`, `create`, `rm`...). */
+export const INTERACTIVE_RETRY_BUDGET_MS = 30_000;
+
 export function openStore(url: string, opts: OpenStoreOptions = {}): ObjectStore {
   const faults = opts.faults ?? faultsFromEnv();
-  if (!faults) return openPlainStore(url, opts);
+  const plain = openPlainStore(url, opts);
   // Faults go beneath the retry layer, so what the engine sees is what retries leave over.
-  const base = openPlainStore(url, opts);
-  const inner = base instanceof RetryingObjectStore ? base.next : base;
-  return new RetryingObjectStore(new FaultyObjectStore(inner, faults), opts.retry);
+  let store: ObjectStore = faults ? new FaultyObjectStore(plain, faults) : plain;
+  // A memory: store lives and dies with this process: nobody else to agree with.
+  if (!(plain instanceof MemoryObjectStore)) store = new SettingsCheckedObjectStore(store, opts.settings ?? processSettings());
+  if (plain instanceof LazyObjectStore || faults) {
+    const named = plain instanceof LazyObjectStore
+      ? { target: `${plain.description} at ${plain.endpoint}`, hint: 'check that the endpoint is up and reachable from this host (--endpoint / BATON_S3_ENDPOINT, network, firewall)' }
+      : {};
+    store = new RetryingObjectStore(store, { budgetMs: DEFAULT_RETRY_BUDGET_MS, ...named, ...opts.retry });
+  }
+  return store;
 }
 
 function openPlainStore(url: string, opts: OpenStoreOptions): ObjectStore {
@@ -85,8 +114,9 @@ function openPlainStore(url: string, opts: OpenStoreOptions): ObjectStore {
       ...(opts.region !== undefined ? { region: opts.region } : {}),
       ...(opts.credentials !== undefined ? { credentials: opts.credentials } : {}),
       ...(opts.maxSockets !== undefined ? { maxSockets: opts.maxSockets } : {}),
+      ...opts.s3,
     };
-    return new RetryingObjectStore(new LazyObjectStore(loc.description, async () => new (await import('./s3.js')).S3ObjectStore(s3opts)), opts.retry);
+    return new LazyObjectStore(loc.description, async () => new (await import('./s3.js')).S3ObjectStore(s3opts), endpoint ?? `AWS S3 (${opts.region ?? process.env.AWS_REGION ?? process.env.AWS_DEFAULT_REGION ?? 'us-east-1'})`);
   }
   throw new InvalidArgumentError(`--store ${url}: ${loc.kind}: is a plain backend without the object-store engine (no forks, snapshots, leases or GC); use file:DIR, s3://bucket[/prefix] or memory: here`);
 }
@@ -186,7 +216,8 @@ function parseLocalPath(url: string, scheme: 'file:' | 'raw:'): string {
  */
 class LazyObjectStore implements ObjectStore {
   #store: Promise<S3ObjectStore> | null = null;
-  constructor(readonly description: string, private readonly make: () => Promise<S3ObjectStore>) {}
+  /** `endpoint`: where requests go, for messages (the URL, or "AWS S3 (region)"). */
+  constructor(readonly description: string, private readonly make: () => Promise<S3ObjectStore>, readonly endpoint: string) {}
   #get(): Promise<S3ObjectStore> { return (this.#store ??= this.make()); }
   async get(key: string, range?: ByteRange): Promise<Buffer> { return (await this.#get()).get(key, range); }
   async put(key: string, body: Buffer, options?: PutOptions): Promise<void> { return (await this.#get()).put(key, body, options); }

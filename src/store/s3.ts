@@ -11,6 +11,19 @@
  *   409 ConditionalRequestConflict, network, timeouts) as StoreUnavailableError so decorators
  *   may retry; configuration mistakes (no bucket, bad credentials, wrong region) as
  *   BATON_ERR_INVALID_ARGUMENT with a message saying what to fix, never retried.
+ * - Every call is bounded (the SDK sets no timeouts by default, and an endpoint that accepts
+ *   connections but never answers would hold a request forever): connecting (3 s), the time
+ *   until the response headers arrive (15 s, plus the upload of the body at the slowest rate
+ *   we accept, 1 MiB/s), silence on the socket in either direction (15 s), and the whole call,
+ *   body transfer and the SDK's own retries included (60 s plus the transfer at 1 MiB/s).
+ *   These are per call; the total time a caller waits across baton's retries is the budget of
+ *   RetryingObjectStore (decorators.ts). A call that hits a limit fails as StoreUnavailableError
+ *   naming the endpoint; a put that timed out may still land (the ambiguity below).
+ * - A listing page that says it is truncated but carries no continuation token is refused
+ *   (StoreUnsafeError): ending there would hand GC and fork points a partial listing.
+ * - RequestTimeTooSkewed is a clock problem, not a permission one: the SDK corrects its clock
+ *   offset from the server's answer and retries; if the store still refuses, the message says
+ *   by how much the clocks differ and to fix the host's clock.
  * - The SDK itself retries (maxAttempts 3). A create-only put whose first attempt landed but
  *   whose reply was lost gets 412 on the SDK's retry; every create-only put carries a
  *   `baton-put-id`, and a 412 after more than one attempt is resolved by reading the id back
@@ -32,11 +45,13 @@ import { NodeHttpHandler } from '@smithy/node-http-handler';
 import {
   BatonError,
   IoError,
+  MisconfiguredError,
   NotFoundError,
   NotSupportedError,
   OutOfRangeError,
   PreconditionFailedError,
   StoreUnavailableError,
+  StoreUnsafeError,
   errorMessage,
 } from '../errors.js';
 import { PUT_ID_META, newPutId } from './decorators.js';
@@ -66,12 +81,33 @@ export interface S3StoreOptions {
   listPageSize?: number;
   /** SDK attempts per request (default 3). */
   maxAttempts?: number;
+  /** Per-call time limits; see S3_TIMEOUT_DEFAULTS. */
   connectionTimeoutMs?: number;
-  /** No byte in either direction for this long fails the request (default 30 s). */
+  /** From sending a request until its response headers arrive, plus the body's upload time at minBytesPerSecond (default 15 s). */
+  firstByteTimeoutMs?: number;
+  /** No byte in either direction for this long fails the request (default 15 s). */
   socketTimeoutMs?: number;
-  /** Whole request limit, a backstop for a trickling server (default 120 s). */
+  /** The whole call (SDK retries and body transfer included), plus the body's transfer time at minBytesPerSecond (default 60 s). */
   requestTimeoutMs?: number;
+  /** The slowest transfer rate a body is given time for (default 1 MiB/s). */
+  minBytesPerSecond?: number;
 }
+
+/** The per-call time limits, chosen for S3 (see the invariants at the top). */
+export const S3_TIMEOUT_DEFAULTS = {
+  /** TCP connect; a healthy endpoint answers in milliseconds, a dead address never. */
+  connectionTimeoutMs: 3_000,
+  /**
+   * S3's time to first byte is tens of milliseconds, seconds in its worst tails and on a busy
+   * RGW; 15 s is far past that and still well inside the 30 s a person waits.
+   */
+  firstByteTimeoutMs: 15_000,
+  socketTimeoutMs: 15_000,
+  requestTimeoutMs: 60_000,
+  minBytesPerSecond: 1024 * 1024,
+} as const;
+
+export type S3Timeouts = Partial<Pick<S3StoreOptions, keyof typeof S3_TIMEOUT_DEFAULTS>>;
 
 type Op = 'get' | 'put' | 'head' | 'list' | 'delete';
 
@@ -80,7 +116,13 @@ interface SdkErrorShape {
   code?: unknown;
   Code?: unknown;
   message?: unknown;
+  cause?: unknown;
   $metadata?: { httpStatusCode?: number; attempts?: number };
+  /** RequestTimeTooSkewed bodies carry these (the SDK copies error body fields onto the error). */
+  ServerTime?: unknown;
+  RequestTime?: unknown;
+  MaxAllowedSkewMilliseconds?: unknown;
+  $response?: { headers?: Record<string, string | undefined> };
 }
 
 const NETWORK_CODES = new Set([
@@ -91,8 +133,16 @@ const NETWORK_CODES = new Set([
 const TRANSIENT_NAMES = new Set([
   'TimeoutError', 'RequestTimeout', 'RequestTimeoutException', 'SlowDown', 'Throttling', 'ThrottlingException',
   'TooManyRequestsException', 'InternalError', 'ServiceUnavailable', 'ConditionalRequestConflict',
-  'OperationAborted', 'RequestTimeTooSkewed',
+  'OperationAborted',
 ]);
+
+/** "20 min", "3 s": for clock differences in messages. */
+function roughDuration(ms: number): string {
+  const a = Math.abs(ms);
+  if (a >= 3_600_000) return `${(a / 3_600_000).toFixed(1)} h`;
+  if (a >= 60_000) return `${Math.round(a / 60_000)} min`;
+  return `${Math.round(a / 1000)} s`;
+}
 
 function shape(err: unknown): SdkErrorShape {
   return typeof err === 'object' && err !== null ? (err as SdkErrorShape) : {};
@@ -111,6 +161,9 @@ export class S3ObjectStore implements ObjectStore {
   readonly client: S3Client;
   readonly #endpoint: string;
   readonly #pageSize: number;
+  readonly #firstByteMs: number;
+  readonly #wholeMs: number;
+  readonly #bytesPerMs: number;
 
   constructor(opts: S3StoreOptions) {
     this.bucket = opts.bucket;
@@ -118,6 +171,10 @@ export class S3ObjectStore implements ObjectStore {
     this.description = `s3://${this.bucket}/${this.prefix}`;
     this.#endpoint = opts.endpoint ?? 'AWS S3';
     this.#pageSize = Math.max(1, Math.min(1000, opts.listPageSize ?? 1000));
+    const d = S3_TIMEOUT_DEFAULTS;
+    this.#firstByteMs = opts.firstByteTimeoutMs ?? d.firstByteTimeoutMs;
+    this.#wholeMs = opts.requestTimeoutMs ?? d.requestTimeoutMs;
+    this.#bytesPerMs = Math.max(1, opts.minBytesPerSecond ?? d.minBytesPerSecond) / 1000;
     const maxSockets = opts.maxSockets ?? 128;
     const forcePathStyle = opts.forcePathStyle ?? opts.endpoint !== undefined;
     this.client = new S3Client({
@@ -130,9 +187,12 @@ export class S3ObjectStore implements ObjectStore {
       maxAttempts: opts.maxAttempts ?? 3,
       retryMode: 'standard',
       requestHandler: new NodeHttpHandler({
-        connectionTimeout: opts.connectionTimeoutMs ?? 3_000,
-        socketTimeout: opts.socketTimeoutMs ?? 30_000,
-        requestTimeout: opts.requestTimeoutMs ?? 120_000,
+        connectionTimeout: opts.connectionTimeoutMs ?? d.connectionTimeoutMs,
+        socketTimeout: opts.socketTimeoutMs ?? d.socketTimeoutMs,
+        // The handler's "requestTimeout" runs from the start of a request until its response
+        // headers arrive (time to first byte, upload included); each call sets its own, sized
+        // for its body, in #call.
+        requestTimeout: this.#firstByteMs,
         throwOnRequestTimeout: true,
         httpAgent: new HttpAgent({ keepAlive: true, maxSockets }),
         httpsAgent: new HttpsAgent({ keepAlive: true, maxSockets }),
@@ -144,6 +204,61 @@ export class S3ObjectStore implements ObjectStore {
     return `${op} ${key} on ${this.description} (${this.#endpoint})`;
   }
 
+  /**
+   * One bounded call: `run` sends with the abort signal and first-byte limit given, and reads
+   * the body it registers with `onBody`. `bytes` is what travels (body up or range down), so
+   * a big segment gets time for its transfer and a small request does not wait as long.
+   * The whole-call limit aborts the SDK (which then makes no further attempts) and destroys a
+   * body still streaming, so a server that trickles cannot hold the call either.
+   */
+  async #call<T>(
+    bytes: number,
+    run: (
+      options: { abortSignal: AbortSignal; requestTimeout: number },
+      onBody: (body: { destroy?: (err?: Error) => void }, length: number | undefined) => void,
+    ) => Promise<T>,
+  ): Promise<T> {
+    const t0 = performance.now();
+    const transferMs = bytes / this.#bytesPerMs;
+    let wholeMs = Math.ceil(this.#wholeMs + transferMs);
+    const ac = new AbortController();
+    let body: { destroy?: (err?: Error) => void } | undefined;
+    const expire = (): void => {
+      const err = Object.assign(new Error(`no complete answer within ${wholeMs} ms (the whole-request limit)`), { name: 'TimeoutError' });
+      ac.abort(err);
+      body?.destroy?.(err);
+    };
+    let timer = setTimeout(expire, wholeMs);
+    try {
+      return await run({ abortSignal: ac.signal, requestTimeout: Math.ceil(this.#firstByteMs + transferMs) }, (b, length) => {
+        body = b;
+        // A body bigger than the call was sized for (a whole-object get) gets its transfer time.
+        if (length !== undefined && length > bytes) {
+          clearTimeout(timer);
+          wholeMs = Math.ceil(this.#wholeMs + length / this.#bytesPerMs);
+          timer = setTimeout(expire, Math.max(0, t0 + wholeMs - performance.now()));
+        }
+      });
+    } finally {
+      clearTimeout(timer);
+    }
+  }
+
+  /** The store refused the request's timestamp: say by how much the clocks differ. */
+  #skewMessage(e: SdkErrorShape): string {
+    const serverTime = typeof e.ServerTime === 'string' ? e.ServerTime : e.$response?.headers?.date;
+    const server = serverTime !== undefined ? Date.parse(serverTime) : NaN;
+    const allowed = Number(e.MaxAllowedSkewMilliseconds);
+    let how = 'this host\'s clock differs too much from the store\'s';
+    if (Number.isFinite(server)) {
+      const skew = server - Date.now();
+      how = `this host's clock is about ${roughDuration(skew)} ${skew > 0 ? 'behind' : 'ahead of'} the store's (store time ${serverTime}` +
+        `${typeof e.RequestTime === 'string' ? `, request time ${e.RequestTime}` : ''}` +
+        `${Number.isFinite(allowed) ? `, at most ${roughDuration(allowed)} allowed` : ''})`;
+    }
+    return `the store refuses the request's timestamp: ${how}; set the clock right (chrony, systemd-timesyncd or ntpd) and retry`;
+  }
+
   /** The one place SDK errors become BatonErrors. */
   mapError(op: Op, key: string, err: unknown): BatonError {
     if (err instanceof BatonError) return err;
@@ -152,8 +267,14 @@ export class S3ObjectStore implements ObjectStore {
     const code = typeof e.code === 'string' ? e.code : typeof e.Code === 'string' ? e.Code : '';
     const status = e.$metadata?.httpStatusCode;
     const where = this.#where(op, key);
-    const detail = `${status !== undefined ? `HTTP ${status} ` : ''}${name || code}: ${errorMessage(err)}`;
+    const cause = e.cause instanceof Error ? `: ${e.cause.message}` : '';
+    const detail = `${status !== undefined ? `HTTP ${status} ` : ''}${name || code}: ${errorMessage(err)}${cause}`;
     const invalid = (msg: string) => new BatonError('BATON_ERR_INVALID_ARGUMENT', `${where}: ${msg} (${detail})`, { cause: err });
+
+    // Before the 403 rule: S3 answers a skewed clock with 403, but no credential is wrong.
+    if (name === 'RequestTimeTooSkewed' || code === 'RequestTimeTooSkewed') {
+      return new MisconfiguredError(`${where}: ${this.#skewMessage(e)} (${detail})`, { cause: err });
+    }
 
     if (name === 'NoSuchBucket' || code === 'NoSuchBucket') {
       return invalid(`bucket ${this.bucket} does not exist: create it or check --store`);
@@ -179,6 +300,11 @@ export class S3ObjectStore implements ObjectStore {
     if (status === 501 || name === 'NotImplemented') {
       return new NotSupportedError(`${where}: the store does not implement this request (${detail})`);
     }
+    // No answer at all (refused, reset, timed out): say where we tried and what to check.
+    const noAnswer = (): StoreUnavailableError => new StoreUnavailableError(
+      `${where}: no answer from ${this.#endpoint}, retry later; if it persists, check that the endpoint is up and reachable from this host ` +
+      `(--endpoint / BATON_S3_ENDPOINT, network, firewall) (${detail})`, { cause: err });
+    if (status === undefined && (NETWORK_CODES.has(code) || name === 'TimeoutError' || name === 'AbortError')) return noAnswer();
     if (
       status === 409 || status === 429 || (status !== undefined && status >= 500) ||
       TRANSIENT_NAMES.has(name) || NETWORK_CODES.has(code) || name === 'AbortError'
@@ -187,9 +313,7 @@ export class S3ObjectStore implements ObjectStore {
     }
     if (status === 400) return invalid('the store rejected the request');
     // An SDK error without an HTTP status is a transport failure we have no code for.
-    if (e.$metadata !== undefined && status === undefined) {
-      return new StoreUnavailableError(`${where}: store unavailable, retry later (${detail})`, { cause: err });
-    }
+    if (e.$metadata !== undefined && status === undefined) return noAnswer();
     return new IoError(`${where}: unexpected error (${detail})`, { cause: err });
   }
 
@@ -207,18 +331,23 @@ export class S3ObjectStore implements ObjectStore {
     let buf: Buffer;
     let contentRange: string | undefined;
     try {
-      const res = await this.client.send(new GetObjectCommand({
-        Bucket: this.bucket,
-        Key: fullKey,
-        ...(range !== undefined ? { Range: `bytes=${range.offset}-${range.offset + range.length - 1}` } : {}),
-      }));
-      if (res.Body === undefined) throw new StoreUnavailableError(`${this.#where('get', key)}: response had no body`);
-      const arr = await res.Body.transformToByteArray();
-      buf = Buffer.from(arr.buffer, arr.byteOffset, arr.byteLength);
-      contentRange = res.ContentRange;
-      if (res.ContentLength !== undefined && res.ContentLength !== buf.length) {
-        throw new StoreUnavailableError(`${this.#where('get', key)}: body was ${buf.length} bytes, Content-Length said ${res.ContentLength}`);
-      }
+      // A whole-object get learns its size from the headers (onBody extends the limit then);
+      // until they arrive it is sized like a small object.
+      [buf, contentRange] = await this.#call(range?.length ?? 0, async (sendOptions, onBody) => {
+        const res = await this.client.send(new GetObjectCommand({
+          Bucket: this.bucket,
+          Key: fullKey,
+          ...(range !== undefined ? { Range: `bytes=${range.offset}-${range.offset + range.length - 1}` } : {}),
+        }), sendOptions);
+        if (res.Body === undefined) throw new StoreUnavailableError(`${this.#where('get', key)}: response had no body`);
+        onBody(res.Body as { destroy?: (err?: Error) => void }, res.ContentLength);
+        const arr = await res.Body.transformToByteArray();
+        const b = Buffer.from(arr.buffer, arr.byteOffset, arr.byteLength);
+        if (res.ContentLength !== undefined && res.ContentLength !== b.length) {
+          throw new StoreUnavailableError(`${this.#where('get', key)}: body was ${b.length} bytes, Content-Length said ${res.ContentLength}`);
+        }
+        return [b, res.ContentRange] as const;
+      });
     } catch (err) {
       const mapped = this.mapError('get', key, err);
       if (mapped instanceof OutOfRangeError && range !== undefined) {
@@ -249,14 +378,14 @@ export class S3ObjectStore implements ObjectStore {
     if (createOnly && metadata?.[PUT_ID_META] === undefined) metadata = { ...metadata, [PUT_ID_META]: newPutId() };
     validateMetadata(metadata);
     try {
-      await this.client.send(new PutObjectCommand({
+      await this.#call(body.length, (sendOptions) => this.client.send(new PutObjectCommand({
         Bucket: this.bucket,
         Key: this.prefix + key,
         Body: body,
         ContentLength: body.length,
         ...(createOnly ? { IfNoneMatch: '*' } : {}),
         ...(metadata !== undefined ? { Metadata: metadata } : {}),
-      }));
+      }), sendOptions));
     } catch (err) {
       const mapped = this.mapError('put', key, err);
       const attempts = shape(err).$metadata?.attempts ?? 1;
@@ -273,7 +402,7 @@ export class S3ObjectStore implements ObjectStore {
   async head(key: string): Promise<ObjectHead | null> {
     validateKey(key);
     try {
-      const res = await this.client.send(new HeadObjectCommand({ Bucket: this.bucket, Key: this.prefix + key }));
+      const res = await this.#call(0, (sendOptions) => this.client.send(new HeadObjectCommand({ Bucket: this.bucket, Key: this.prefix + key }), sendOptions));
       return {
         key,
         size: res.ContentLength ?? 0,
@@ -294,13 +423,13 @@ export class S3ObjectStore implements ObjectStore {
     do {
       let page: ListObjectsV2CommandOutput;
       try {
-        page = await this.client.send(new ListObjectsV2Command({
+        page = await this.#call(0, (sendOptions) => this.client.send(new ListObjectsV2Command({
           Bucket: this.bucket,
           Prefix: this.prefix + prefix,
           MaxKeys: this.#pageSize,
           ...(options?.startAfter !== undefined ? { StartAfter: this.prefix + options.startAfter } : {}),
           ...(token !== undefined ? { ContinuationToken: token } : {}),
-        }));
+        }), sendOptions));
       } catch (err) {
         throw this.mapError('list', prefix, err);
       }
@@ -308,14 +437,26 @@ export class S3ObjectStore implements ObjectStore {
         if (o.Key === undefined) continue;
         yield { key: o.Key.slice(strip), size: o.Size ?? 0, lastModified: o.LastModified ?? new Date(0) };
       }
-      token = page.IsTruncated === true ? page.NextContinuationToken : undefined;
+      if (page.IsTruncated !== true) return;
+      // "More follows" without a way to ask for it (or asking again for the same page) would
+      // end the listing early or loop: both are a store bug, and a silently partial listing
+      // is what GC and fork points must never see.
+      const next = page.NextContinuationToken;
+      if (next === undefined || next === '' || next === token) {
+        throw new StoreUnsafeError(
+          `${this.#where('list', prefix)}: the store said the listing is truncated but gave ` +
+          `${next === undefined || next === '' ? 'no continuation token' : 'the same continuation token again'}; ` +
+          'baton cannot trust a partial listing (garbage collection and forks depend on complete ones). The store is not S3-compatible here: use AWS S3, R2, MinIO or Ceph RGW',
+        );
+      }
+      token = next;
     } while (token !== undefined);
   }
 
   async delete(key: string): Promise<void> {
     validateKey(key);
     try {
-      await this.client.send(new DeleteObjectCommand({ Bucket: this.bucket, Key: this.prefix + key }));
+      await this.#call(0, (sendOptions) => this.client.send(new DeleteObjectCommand({ Bucket: this.bucket, Key: this.prefix + key }), sendOptions));
     } catch (err) {
       const mapped = this.mapError('delete', key, err);
       if (mapped instanceof NotFoundError) return;

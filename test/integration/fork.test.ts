@@ -28,7 +28,7 @@ import * as path from 'node:path';
 import { openStoreCatalog } from '../../src/catalog.js';
 import { isBatonError } from '../../src/errors.js';
 import type { ObjectStore, PutOptions } from '../../src/store/object-store.js';
-import { gcUntilQuiet, storeObjectBytes } from '../helpers/gc.js';
+import { GC_TEST_ENV, gcUntilQuiet, storeObjectBytes } from '../helpers/gc.js';
 import { StoreCatalog } from '../../src/volume/catalog.js';
 import { BlockCache } from '../../src/cache.js';
 import { silentLogger } from '../../src/log.js';
@@ -323,6 +323,10 @@ async function gitVerify(t: ExecutionContext, dir: string, head: string, subject
 
 serial('three forks of a git workspace: own commits, git fsck on all four, diff and space accounting, rm of two leaves the others whole', async (t) => {
   const SIZE = 256 * MiB;
+  // Every process on this store, like gcUntilQuiet's, runs with GC_TEST_ENV: the store records
+  // BATON_MAX_OPERATION_MS and refuses a mix (serial test: nothing else runs meanwhile).
+  process.env.BATON_MAX_OPERATION_MS = GC_TEST_ENV.BATON_MAX_OPERATION_MS;
+  t.teardown(() => { delete process.env.BATON_MAX_OPERATION_MS; });
   const store = newStore(t);
   const A = await serverOn(t, store, ['--idle-grace', '0.2'], [{ name: 'ws', size: SIZE }]);
   const mnt = tempDir(t, 'baton-fork-mnt-');
