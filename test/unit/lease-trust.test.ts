@@ -30,6 +30,7 @@ import { localLeaseDir, openLeaseManager } from '../../src/lease/open.js';
 import { openRedisLeaseManager } from '../../src/lease/redis.js';
 import type { RenewingLease } from '../../src/lease/renewing.js';
 import { LocalDirObjectStore } from '../../src/store/local-dir.js';
+import { SettingsCheckedObjectStore } from '../../src/store/probe.js';
 import { openStore } from '../../src/store/open.js';
 import { FileCatalog } from '../../src/volumes.js';
 import { hasRedis, startRedis, type RedisServer } from '../helpers/redis.js';
@@ -50,7 +51,8 @@ async function until(cond: () => boolean | Promise<boolean>, timeoutMs: number, 
 
 /** The store directory openStore gives for `url`, and the lease directory beside it. */
 function storeDir(url: string): string {
-  const s = openStore(url);
+  let s = openStore(url);
+  if (s instanceof SettingsCheckedObjectStore) s = s.next; // the settings check wraps every persistent store
   if (!(s instanceof LocalDirObjectStore)) throw new Error(`${url} is not a local store`);
   return s.root;
 }
