@@ -154,16 +154,8 @@ export class FileCatalog implements VolumeCatalog {
   }
 
   async list(): Promise<VolumeInfo[]> {
-    let names: string[];
-    try {
-      names = await fsp.readdir(this.volumesDir);
-    } catch (err) {
-      if ((err as NodeJS.ErrnoException).code === 'ENOENT') return [];
-      throw err;
-    }
     const out: VolumeInfo[] = [];
-    for (const n of names.sort()) {
-      if (!NAME_RE.test(n)) continue;
+    for (const n of await this.names()) {
       try { out.push(await this.info(n)); } catch (err) { if (!(err instanceof NotFoundError)) throw err; }
     }
     return out;
