@@ -492,15 +492,19 @@ withLease(withStore(program.command('status')
 
 /**
  * `serve --stats-interval`: every intervalMs one info line `process stats` with this process's
- * memory and the event-loop delay measured since the previous line (the histogram is reset
- * each time, so p99 and max describe that interval only). Off by default: the delay monitor
+ * memory and the event-loop delay measured since the previous line (that histogram is reset
+ * each time, so its p99 and max describe that interval only) and since start. Off by default: the delay monitor
  * wakes the loop every 10 ms, which an idle server should not pay for unasked, and a line a
  * minute from an idle server is noise; turn it on to see why a lease renewal came late.
  */
 function logProcessStats(intervalMs: number, log: Logger): void {
   const resolutionMs = 10;
+  // One histogram per interval (reset after each line) and one since start: percentiles of
+  // a whole run cannot be computed from per-interval ones.
   const eld = monitorEventLoopDelay({ resolution: resolutionMs });
+  const total = monitorEventLoopDelay({ resolution: resolutionMs });
   eld.enable();
+  total.enable();
   let cpu = process.cpuUsage();
   let at = performance.now();
   // The histogram holds the time between the monitor's timer ticks; minus the tick interval
@@ -513,6 +517,7 @@ function logProcessStats(intervalMs: number, log: Logger): void {
     log.info({
       rss: m.rss, heapUsed: m.heapUsed, heapTotal: m.heapTotal, external: m.external, arrayBuffers: m.arrayBuffers,
       eldP50Ms: ms(eld.percentile(50)), eldP99Ms: ms(eld.percentile(99)), eldMaxMs: ms(eld.max), eldMeanMs: ms(eld.mean),
+      eldP99SinceStartMs: ms(total.percentile(99)), eldMaxSinceStartMs: ms(total.max),
       cpuPct: Math.round(((c.user + c.system) / 1000 / (now - at)) * 1000) / 10, intervalMs: Math.round(now - at),
     }, 'process stats');
     eld.reset();

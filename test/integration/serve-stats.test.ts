@@ -6,7 +6,7 @@
 import test from 'ava';
 import { startBatonServer } from '../helpers/server.js';
 
-interface StatsLine { msg: string; level: number; rss: number; heapUsed: number; eldP50Ms: number; eldP99Ms: number; eldMaxMs: number; cpuPct: number; intervalMs: number }
+interface StatsLine { msg: string; level: number; rss: number; heapUsed: number; eldP50Ms: number; eldP99Ms: number; eldMaxMs: number; eldP99SinceStartMs: number; eldMaxSinceStartMs: number; cpuPct: number; intervalMs: number }
 
 function statsLines(stderr: string): StatsLine[] {
   const out: StatsLine[] = [];
@@ -30,6 +30,7 @@ test('serve --stats-interval logs RSS, heap and event-loop delay at info level e
     t.true(s.rss > 1024 * 1024 && s.heapUsed > 0, JSON.stringify(s));
     // Delays are how late the monitor's 10 ms tick ran, never negative; p50 <= p99 <= max.
     t.true(s.eldP50Ms >= 0 && s.eldP50Ms <= s.eldP99Ms && s.eldP99Ms <= s.eldMaxMs, JSON.stringify(s));
+    t.true(s.eldP99SinceStartMs >= 0 && s.eldP99SinceStartMs <= s.eldMaxSinceStartMs, JSON.stringify(s));
     t.true(s.intervalMs >= 150 && s.cpuPct >= 0, JSON.stringify(s));
   }
 });
