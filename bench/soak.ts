@@ -605,11 +605,12 @@ function describe(p: Problem): string {
  * acknowledged when the fork started, or a generation that may have landed by then or was
  * written while the fork was made. With `same`, it must also hold exactly what the first check read.
  */
-async function checkModelFork(src: ModelVolume, fork: string, w: ForkWindow, host: Host, same?: Uint32Array): Promise<{ bad: number; observed: Uint32Array; ms: number }> {
+async function checkModelFork(src: ModelVolume, fork: string, w: ForkWindow, host: Host, same?: Uint32Array, control = false): Promise<{ bad: number; observed: Uint32Array; ms: number }> {
   const t0 = performance.now();
   const observed = new Uint32Array(src.blocks);
   let bad = 0;
-  const fail = (b: number, what: string): void => { bad++; verifyFailure(fork, `fork of ${src.name} on ${host.id}: block ${b}: ${what}`); };
+  // control: a deliberately wrong window, to show the check can fail; its findings are counted, not reported.
+  const fail = (b: number, what: string): void => { bad++; if (!control) verifyFailure(fork, `fork of ${src.name} on ${host.id}: block ${b}: ${what}`); };
   const { client } = await connectGo(host.server.socket, fork, 25);
   try {
     await readAll(client, src.blocks, (b, data) => {
@@ -1087,6 +1088,8 @@ interface ForkRecord {
 }
 interface PendingFork { rec: ForkRecord; dueAt: number; src: ModelVolume | Ext4Volume; window?: ForkWindow; observed?: Uint32Array; from: number; to: number }
 const forks: ForkRecord[] = [];
+interface NegativeControl { fork: string; badBlocks: number; of: number }
+let negativeControl: NegativeControl | null = null;
 const pendingForks: PendingFork[] = [];
 const forkSources: (ModelVolume | Ext4Volume)[] = [models[0]!, ext4, models[1]!, models[2]!, models[3]!];
 
@@ -1096,6 +1099,16 @@ async function checkFork(p: PendingFork, host: Host, again: boolean): Promise<vo
       const r = await checkModelFork(p.src, p.rec.name, p.window!, host, again ? p.observed : undefined);
       p.observed ??= r.observed;
       p.rec.checks.push({ t: el(), host: host.id, blocksOrFiles: p.src.blocks, bad: r.bad, ms: r.ms });
+      if (again && !negativeControl) {
+        // Negative control, once: the same fork against a window opened now. Blocks acknowledged
+        // since the fork must show up as "older than acknowledged"; if none do, the check is blind.
+        const now = p.src.openForkWindow();
+        p.src.closeForkWindow(now);
+        const c = await checkModelFork(p.src, p.rec.name, now, host, undefined, true);
+        negativeControl = { fork: p.rec.name, badBlocks: c.bad, of: p.src.blocks };
+        log(`fork ${p.rec.name}: negative control (checked against a window opened now): ${c.bad} blocks flagged`);
+        if (c.bad === 0) unexpectedError(p.rec.name, 'negative control: the fork check flagged nothing against a window opened after the fork (the check cannot fail?)');
+      }
     } else {
       const r = await p.src.checkFork(p.rec.name, p.from, p.to, host, `${p.rec.name}-${again ? 2 : 1}`);
       p.rec.checks.push({ t: el(), host: host.id, blocksOrFiles: r.checked, bad: r.bad, ms: r.ms });
@@ -1358,6 +1371,8 @@ const loads = loadSamples.map((l) => l.load[0]!);
 const pass = verifyFailureCount === 0 && unexpected.length === 0;
 
 const mib = (b: number): string => fmt(b / MiB);
+/** Set by a fork check (in an async function, which TypeScript's narrowing does not see). */
+const nc = negativeControl as NegativeControl | null;
 /** A count: whole, with thousands separators. */
 const int = (x: number): string => (Number.isFinite(x) ? Math.round(x).toLocaleString('en-US') : '–');
 const cmdLine = `node dist/bench/soak.js --duration ${DURATION_MS >= 60_000 && DURATION_MS % 60_000 === 0 ? `${DURATION_MS / 60_000}m` : `${DURATION_MS / 1000}s`}`;
@@ -1380,6 +1395,7 @@ const md: string[] = [
     ['handoff: request → clients working on the new holder, median / worst, ms (block volumes include the full read-back)', `${fmt(median(hOk.map((h) => h.resumedMs)))} / ${fmt(Math.max(...hOk.map((h) => h.resumedMs)))}`],
     ['handoff: request → released / target serving, median / worst, ms (`baton handoff` includes node start-up)', `${fmt(median(hOk.map((h) => h.triggerMs)))} / ${fmt(Math.max(...hOk.map((h) => h.triggerMs)))}`],
     ['forks done (of attempted) / fork checks (bad)', `${forksOk.length} (of ${forks.length}) / ${forkChecks.length} (${forkChecks.filter((c) => c.bad > 0).length}); skipped: ${lateForks}; removed: ${forks.filter((f) => f.removed).length}`],
+    ['fork check, negative control (a block fork read against a window opened at its second check)', nc ? `${int(nc.badBlocks)} of ${int(nc.of)} blocks flagged (${nc.fork}): the check can fail` : 'not run'],
     ['`baton fork` printed ms, median / worst', `${fmt(median(forksOk.map((f) => f.printedMs)))} / ${fmt(Math.max(...forksOk.map((f) => f.printedMs)))}`],
     ['GC runs (both hosts) / runs that deleted / objects deleted / bytes deleted', `${gcTotal.runs} / ${gcTotal.deletingRuns} / ${int(gcTotal.deletedObjects)} / ${mib(gcTotal.deletedBytes)} MiB${gcTotal.failedDeletes ? ` (${gcTotal.failedDeletes} failed deletes)` : ''}`],
     ['background compactions that rewrote something / live bytes rewritten / object bytes freed for GC', `${compTotal.count} / ${mib(compTotal.rewritten)} MiB / ${mib(compTotal.objectBytes)} MiB`],
@@ -1432,7 +1448,7 @@ const out = writeResults('soak', md.join('\n'), {
   machine, config: { DURATION_MS, HANDOFF_EVERY_MS, FORK_EVERY_MS, FORK_KEEP_MS, MAX_OP_MS, GC_GRACE_MS, GC_INTERVAL_MS, LEASE_TTL_S, STATS_INTERVAL_MS, RATE, SEED, IDLE_GRACE_S, hostArgs: hostArgs('hN') },
   pass, verifyFailureCount, verifyFailures, unexpected, expected: Object.fromEntries(expected), loadSamples, workSeconds,
   hosts: hostSummaries, hostStats: reports.map((r) => ({ id: r.id, levels: r.levels, stats: r.stats })), rssSamples: hosts.map((h) => ({ id: h.id, rss: h.rss })),
-  handoffs, forks, gc: gcTotal, compactions: compTotal, storedBytesEnd: storedEnd, ls: lsEnd, workloads: workReport, harnessEld, commands,
+  handoffs, forks, negativeControl, gc: gcTotal, compactions: compTotal, storedBytesEnd: storedEnd, ls: lsEnd, workloads: workReport, harnessEld, commands,
 });
 process.stdout.write(md.join('\n') + '\n');
 log(`wrote ${out.md} and ${out.json}`);
