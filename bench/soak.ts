@@ -65,6 +65,8 @@ import * as fsp from 'node:fs/promises';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import { monitorEventLoopDelay, performance } from 'node:perf_hooks';
+import { listAll } from '../src/store/object-store.js';
+import { openStore } from '../src/store/open.js';
 import { CMD, CMD_FLAG_FUA, ClosedError, RawClient, SIMPLE_REPLY_MAGIC, requestFrame } from '../test/helpers/nbd-raw.js';
 import { BLOCK, BlockModel, allocBlocks, connectGo, decodeBlock, randInt, rngFrom, stampBlock, type Problem } from '../test/helpers/writer.js';
 import {
@@ -203,7 +205,7 @@ const redis = spawnTracked(['redis-server', '--port', '0', '--unixsocket', redis
   }
 }
 const rgwDir = path.join(root, 'rgw');
-const { rgw, version: rgwVersion } = await startRgwBucket(rgwDir, BUCKET);
+const { rgw, version: rgwVersion, credentials: rgwCredentials } = await startRgwBucket(rgwDir, BUCKET);
 log(`radosgw on ${rgw.endpoint}, redis on ${redisSock}`);
 
 /** The environment of every baton process: the store's endpoint and credentials, and the same M. */
@@ -1313,6 +1315,22 @@ function classifyServerLine(host: string, level: number, msg: string, j: Record<
 /** Unclassified warn/error lines of the servers, by message (one unexpected error each, with its count). */
 const serverIssues = new Map<string, { t: number; count: number; volume: string }>();
 
+// What radosgw itself saw: bytes put, what is left, and the DELETEs of volume objects (both
+// hosts run GC; a DELETE of a key that is gone still succeeds, so the hosts' own counts can overlap).
+const rgwCounters = await rgw.counters();
+const storeLeft = await (async () => {
+  const st = openStore(STORE, { endpoint: rgw.endpoint, credentials: rgwCredentials });
+  try {
+    const objs = await listAll(st, '');
+    const vol = objs.filter((o) => o.key.startsWith('vol/'));
+    return { objects: objs.length, bytes: objs.reduce((n, o) => n + o.size, 0), volObjects: vol.length, volBytes: vol.reduce((n, o) => n + o.size, 0) };
+  } finally {
+    await st.close();
+  }
+})();
+const rgwDeletes = (await rgw.requestsSince(0)).filter((r) => r.method === 'DELETE' && r.path.includes('/vol/'));
+const deleteStats = { requests: rgwDeletes.length, distinctKeys: new Set(rgwDeletes.map((r) => r.path)).size };
+
 const reports = [...hosts, checker].map(parseHostLog);
 for (const [key, v] of serverIssues) unexpected.push({ t: v.t, source: key.slice(0, key.indexOf(' log:') + 4), what: `${key.slice(key.indexOf(' log:') + 6)} (${v.count}×${v.volume ? `, first on ${v.volume}` : ''})` });
 if (serverIssues.size > 0) log(`servers logged ${serverIssues.size} kinds of unclassified warn/error lines (in the report)`);
@@ -1397,7 +1415,9 @@ const md: string[] = [
     ['forks done (of attempted) / fork checks (bad)', `${forksOk.length} (of ${forks.length}) / ${forkChecks.length} (${forkChecks.filter((c) => c.bad > 0).length}); skipped: ${lateForks}; removed: ${forks.filter((f) => f.removed).length}`],
     ['fork check, negative control (a block fork read against a window opened at its second check)', nc ? `${int(nc.badBlocks)} of ${int(nc.of)} blocks flagged (${nc.fork}): the check can fail` : 'not run'],
     ['`baton fork` printed ms, median / worst', `${fmt(median(forksOk.map((f) => f.printedMs)))} / ${fmt(Math.max(...forksOk.map((f) => f.printedMs)))}`],
-    ['GC runs (both hosts) / runs that deleted / objects deleted / bytes deleted', `${gcTotal.runs} / ${gcTotal.deletingRuns} / ${int(gcTotal.deletedObjects)} / ${mib(gcTotal.deletedBytes)} MiB${gcTotal.failedDeletes ? ` (${gcTotal.failedDeletes} failed deletes)` : ''}`],
+    ['GC runs (both hosts) / runs that deleted / deletes the runs counted (objects, bytes)', `${gcTotal.runs} / ${gcTotal.deletingRuns} / ${int(gcTotal.deletedObjects)}, ${mib(gcTotal.deletedBytes)} MiB${gcTotal.failedDeletes ? ` (${gcTotal.failedDeletes} failed deletes)` : ''}`],
+    ['radosgw: DELETE requests for volume objects / distinct keys deleted', `${int(deleteStats.requests)} / ${int(deleteStats.distinctKeys)}`],
+    ['radosgw: bytes put / left in the bucket at the end (of which vol/) → collected', `${mib(rgwCounters.putBytes)} / ${mib(storeLeft.bytes)} (${mib(storeLeft.volBytes)}) MiB → ${mib(rgwCounters.putBytes - storeLeft.bytes)} MiB`],
     ['background compactions that rewrote something / live bytes rewritten / object bytes freed for GC', `${compTotal.count} / ${mib(compTotal.rewritten)} MiB / ${mib(compTotal.objectBytes)} MiB`],
     ['store at the end (`baton ls` stored bytes, all volumes)', `${mib(storedEnd)} MiB`],
     ['harness event-loop delay p99 / max, ms', `${fmt(harnessEld.p99Ms)} / ${fmt(harnessEld.maxMs)}`],
@@ -1448,7 +1468,7 @@ const out = writeResults('soak', md.join('\n'), {
   machine, config: { DURATION_MS, HANDOFF_EVERY_MS, FORK_EVERY_MS, FORK_KEEP_MS, MAX_OP_MS, GC_GRACE_MS, GC_INTERVAL_MS, LEASE_TTL_S, STATS_INTERVAL_MS, RATE, SEED, IDLE_GRACE_S, hostArgs: hostArgs('hN') },
   pass, verifyFailureCount, verifyFailures, unexpected, expected: Object.fromEntries(expected), loadSamples, workSeconds,
   hosts: hostSummaries, hostStats: reports.map((r) => ({ id: r.id, levels: r.levels, stats: r.stats })), rssSamples: hosts.map((h) => ({ id: h.id, rss: h.rss })),
-  handoffs, forks, negativeControl, gc: gcTotal, compactions: compTotal, storedBytesEnd: storedEnd, ls: lsEnd, workloads: workReport, harnessEld, commands,
+  handoffs, forks, negativeControl, gc: gcTotal, rgwCounters, storeLeft, deleteStats, compactions: compTotal, storedBytesEnd: storedEnd, ls: lsEnd, workloads: workReport, harnessEld, commands,
 });
 process.stdout.write(md.join('\n') + '\n');
 log(`wrote ${out.md} and ${out.json}`);
