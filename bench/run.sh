@@ -7,6 +7,8 @@
 # fork (fork time on 1 GiB/1 TiB volumes, read latency root vs 50-deep fork): FORK_SIZES, WRITTEN, DEPTH, PASSES.
 # gc (space amplification after a churn workload: stored ÷ live after GC alone and after compaction + GC, GC run times): SIZE, LIVE, CHURN, SEED, BELOW, MAX_OP_MS, RGW, RGW_BELOW.
 # workspace-forks (three forks of the seed's git + npm workspace on ext4: fork, attach, commit, fsck, store bytes, rm + gc; root): SIZE, RGW, SEED.
+# soak is not in the default list (it runs 10 minutes): SCENARIOS=soak DURATION=10m npm run bench, or
+# node dist/bench/soak.js --duration 10m (root, redis-server, radosgw, fio, nbdfuse; see bench/README.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! npx tsc -p .; then

@@ -14,6 +14,7 @@ process.emitWarning = ((warning: string | Error, ...rest: unknown[]) => {
   (emitWarning as (...a: unknown[]) => void)(warning, ...rest);
 }) as typeof process.emitWarning;
 
+import { monitorEventLoopDelay } from 'node:perf_hooks';
 import { Command, InvalidArgumentError as CommanderInvalidArgument, Option } from 'commander';
 import { DEFAULT_MAX_CONNECTIONS, NbdServer, type ListenAddress } from '../nbd/server.js';
 import { defaultCacheDir, openCatalog, type CatalogOptions } from '../src/catalog.js';
@@ -159,6 +160,7 @@ withStore(program.command('serve')
   .addOption(durationOption('--gc-interval <duration>', 'while serving volumes, compact them and collect garbage this often (0: never)', DEFAULT_GC_GRACE_MS))
   .addOption(durationOption('--gc-grace <duration>', 'garbage collection grace period (see baton gc --help)', DEFAULT_GC_GRACE_MS))
   .option('--compact-below <fraction>', 'rewrite objects of served volumes whose live fraction is below this', fractionArg, DEFAULT_COMPACT_BELOW)
+  .addOption(durationOption('--stats-interval <duration>', 'log RSS, heap and event-loop delay (p50/p99/max since the last line) at info level this often (0: never)', 0))
   .option('--log-level <level>', LOG_LEVELS.join(', '), process.env.BATON_LOG_LEVEL ?? 'info')
   .addHelpText('after', `
 Examples:
@@ -167,8 +169,9 @@ Examples:
   $ AWS_PROFILE=ci baton serve --store s3://my-bucket/baton --endpoint http://127.0.0.1:7480
   $ nbd-client -N work 127.0.0.1 10809 /dev/nbd0     # attach with the kernel client
   $ nbdfuse /mnt/work nbd://127.0.0.1/work &         # or as a file through FUSE`)
-  .action(async (opts: StoreFlags & LeaseFlags & { listen: string; socket?: string; cacheDir: string; cacheSize: number; readOnly?: boolean; create?: string; size?: number; handshakeTimeout: number; maxConnections: number; idleGrace: number; logLevel: string; onHeld: OnHeld; heldWait: number; gcInterval: number; gcGrace: number; compactBelow: number }) => {
+  .action(async (opts: StoreFlags & LeaseFlags & { listen: string; socket?: string; cacheDir: string; cacheSize: number; readOnly?: boolean; create?: string; size?: number; handshakeTimeout: number; maxConnections: number; idleGrace: number; logLevel: string; onHeld: OnHeld; heldWait: number; gcInterval: number; gcGrace: number; compactBelow: number; statsInterval: number }) => {
     const log = makeLogger(opts.logLevel);
+    if (opts.statsInterval > 0) logProcessStats(opts.statsInterval, log);
     if (opts.size !== undefined && !opts.create) throw new InvalidArgumentError('--size is the size of the volume --create NAME makes; without --create it would do nothing (volumes are made with baton create NAME --size SIZE)');
     const catalog = catalogFor(opts, { log, cacheDir: opts.cacheDir, cacheSize: opts.cacheSize, retry: { budgetMs: DEFAULT_RETRY_BUDGET_MS } });
     if (catalog instanceof StoreCatalog) await checkCacheDir(catalog, opts.cacheDir);
@@ -491,6 +494,43 @@ withLease(withStore(program.command('status')
       await leases.close();
     }
   });
+
+/**
+ * `serve --stats-interval`: every intervalMs one info line `process stats` with this process's
+ * memory and the event-loop delay measured since the previous line (that histogram is reset
+ * each time, so its p99 and max describe that interval only) and since start. Off by default: the delay monitor
+ * wakes the loop every 10 ms, which an idle server should not pay for unasked, and a line a
+ * minute from an idle server is noise; turn it on to see why a lease renewal came late.
+ */
+function logProcessStats(intervalMs: number, log: Logger): void {
+  const resolutionMs = 10;
+  // One histogram per interval (reset after each line) and one since start: percentiles of
+  // a whole run cannot be computed from per-interval ones.
+  const eld = monitorEventLoopDelay({ resolution: resolutionMs });
+  const total = monitorEventLoopDelay({ resolution: resolutionMs });
+  eld.enable();
+  total.enable();
+  let cpu = process.cpuUsage();
+  let at = performance.now();
+  // The histogram holds the time between the monitor's timer ticks; minus the tick interval
+  // that is how late the loop ran them (an idle server shows ~0, a 2 s stall ~2000).
+  const ms = (ns: number): number => Math.round(Math.max(0, ns / 1e6 - resolutionMs) * 100) / 100;
+  const timer = setInterval(() => {
+    const m = process.memoryUsage();
+    const c = process.cpuUsage(cpu);
+    const now = performance.now();
+    log.info({
+      rss: m.rss, heapUsed: m.heapUsed, heapTotal: m.heapTotal, external: m.external, arrayBuffers: m.arrayBuffers,
+      eldP50Ms: ms(eld.percentile(50)), eldP99Ms: ms(eld.percentile(99)), eldMaxMs: ms(eld.max), eldMeanMs: ms(eld.mean),
+      eldP99SinceStartMs: ms(total.percentile(99)), eldMaxSinceStartMs: ms(total.max),
+      cpuPct: Math.round(((c.user + c.system) / 1000 / (now - at)) * 1000) / 10, intervalMs: Math.round(now - at),
+    }, 'process stats');
+    eld.reset();
+    cpu = process.cpuUsage();
+    at = now;
+  }, intervalMs);
+  timer.unref();
+}
 
 /**
  * Make the read cache now: a --cache-dir that cannot hold it (a file, unwritable) is
