@@ -251,13 +251,19 @@ export async function collectGarbage(catalog: StoreCatalog, opts: GcOptions = {}
   const oldMarks = marks.filter((mk) => mk.lastModified.getTime() <= cutoff);
   const deletable: [string, number][] = [];
   const marked = new Set<string>();
-  for (const mk of oldMarks) {
+  // Candidates a younger mark (another host's run, or our own last one) already names are
+  // not marked again: that mark deletes them once it is old enough. Marking them again made
+  // two hosts mark, and then delete, the same objects (twice the DELETEs, and each run
+  // counting bytes the other freed). Safe: deletion still needs an old mark AND this run's R.
+  const pending = new Set<string>();
+  await mapLimit(marks, 8, async (mk) => {
     const body = await store.get(mk.key).catch((err) => { if (err instanceof NotFoundError) return null; throw err; });
-    if (!body) continue; // another run consumed it
-    for (const k of parseMark(body, mk.key)) marked.add(k);
-  }
+    if (!body) return; // another run consumed it
+    const into = mk.lastModified.getTime() <= cutoff ? marked : pending;
+    for (const k of parseMark(body, mk.key)) into.add(k);
+  });
   for (const [k, size] of candidates) if (marked.has(k)) deletable.push([k, size]);
-  const toMark = [...candidates].filter(([k]) => !marked.has(k));
+  const toMark = [...candidates].filter(([k]) => !marked.has(k) && !pending.has(k));
   result.markedObjects = toMark.length;
   result.markedBytes = toMark.reduce((n, [, s]) => n + s, 0);
 

@@ -275,3 +275,22 @@ test('a fork slower than half the max operation time is undone and made again; a
   t.deepEqual((await catalog.list()).map((v) => v.name).sort(), ['f1', 'src']);
   t.is((await listAll(inner, 'vol/')).filter((o) => o.key.endsWith('/meta')).length, 2, 'no meta left behind by the undone attempts');
 });
+
+test('two hosts\' runs do not mark the same objects twice (one mark, one DELETE each)', async (t) => {
+  const { catalog, open, gc, advance } = setup();
+  await catalog.create('v', 16 * MiB);
+  const v = await open('v');
+  await v.write(0, fill(2 * MiB, 1), false);
+  await v.flush();
+  await v.write(0, fill(2 * MiB, 2), false);
+  await v.flush();
+  advance(G + 1);
+  const hostA = await gc();
+  t.true(hostA.markedObjects > 0, 'the first run marks the overwritten data');
+  const hostB = await gc(); // another host, moments later
+  t.is(hostB.markedObjects, 0, 'what a younger mark names is not marked again');
+  advance(G + 1);
+  const later = await gc();
+  t.is(later.deletedObjects, hostA.markedObjects, 'the one mark deletes each object once');
+  t.true((await v.read(0, 2 * MiB)).equals(fill(2 * MiB, 2)));
+});
