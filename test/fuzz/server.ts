@@ -184,7 +184,7 @@ async function main(): Promise<void> {
   await catalog.snapshot(roBase, w.roName.split('@')[1]!);
 
   const leaseDir = fs.mkdtempSync(path.join(os.tmpdir(), 'baton-fuzz-lease-'));
-  const leases = new LocalLeaseManager(leaseDir, { ttlMs: 5000, log });
+  const leases = new LocalLeaseManager(leaseDir, { ttlMs: 30_000, log });
   const exports = new VolumeExports(catalog, {
     readOnly: false, idleGraceMs: cfg.idleGraceMs, log,
     lease: { manager: leases, hostId: 'fuzz', onHeld: 'refuse', waitMs: 0, address: `unix:${cfg.socket}` },
@@ -198,7 +198,7 @@ async function main(): Promise<void> {
 
   // Memory the fuzzer may hold against the server: everything but the volumes' data (the
   // store's bytes, dirty and sealed data in the engines, the read cache), sampled every
-  // 50 ms for the peak, and after a full GC on request for the steady state.
+  // 100 ms for the peak, and after a full GC on request for the steady state.
   const volumes = (): Volume[] => exports.writableVolumes().map((x) => x.volume);
   const accounted = (): number => store.bytes + cache.stats.cachedBytes + volumes().reduce((s, vol) => { const st = vol.stats(); return s + st.dirtyBytes + st.sealedBytes; }, 0);
   const sample = (): { heap: number; external: number; rss: number; other: number } => {
@@ -211,7 +211,7 @@ async function main(): Promise<void> {
     const s = sample();
     peakOther = Math.max(peakOther, s.other);
     peakRss = Math.max(peakRss, s.rss);
-  }, 50);
+  }, 100);
   sampler.unref();
 
   process.on('message', (msg: { op: string; id: number; name?: string; gc?: boolean; resetPeak?: boolean }) => {
