@@ -26,6 +26,8 @@ import { Rng } from './rng.js';
 export interface FuzzOptions {
   seed: number;
   inputs: number;
+  /** Run this recorded input (saveInput's JSON) instead of generated ones. */
+  recorded?: RecordedInput;
   lanes?: number;
   /** Run only this input (against a fresh server: content from earlier inputs is not there). */
   only?: number;
@@ -80,9 +82,10 @@ const here = path.dirname(fileURLToPath(import.meta.url));
 
 export const DEFAULT_LIMITS: ServerLimits = {
   // The defaults of nbd/session.ts are 128 in flight and 256 MiB: smaller bounds here are the
-  // same mechanism, reached by inputs a tenth the size.
+  // same mechanism, reached by inputs a fraction of the size (a single 32 MiB request still
+  // goes through alone, as the session lets the first one past the byte bound).
   maxInflight: 32,
-  maxInflightBytes: 64 * MiB,
+  maxInflightBytes: 16 * MiB,
   maxOptions: 128,
   maxOptionLength: 64 * 1024,
   handshakeTimeoutMs: 3000,
@@ -151,6 +154,34 @@ export function replayCommands(seed: number, lanes: number, index: number): stri
 
 export function makeWorld(lanes: number, limits: ServerLimits): World {
   return { lanes, laneSize: 40 * MiB, roName: 'ro@s', roSize: 8 * MiB, victimName: 'victim', victimSize: 16 * MiB, limits };
+}
+
+/** An input as JSON, so a finding stays reproducible when the generator changes. */
+export interface RecordedInput {
+  seed: number;
+  index: number;
+  lanes: number;
+  lane: number;
+  ending: Input['ending'];
+  notes: string[];
+  sends: { hex: string; cuts: number[]; waitAfter: boolean; pauseReadMs?: number }[];
+}
+
+export function recordInput(seed: number, lanes: number, index: number): RecordedInput {
+  const world = makeWorld(lanes, DEFAULT_LIMITS);
+  const { input } = inputFor(seed, index, world);
+  return {
+    seed, index, lanes, lane: input.lane, ending: input.ending, notes: input.notes,
+    sends: input.sends.map((x) => ({ hex: x.bytes.toString('hex'), cuts: x.cuts, waitAfter: x.waitAfter, ...(x.pauseReadMs ? { pauseReadMs: x.pauseReadMs } : {}) })),
+  };
+}
+
+function fromRecord(r: RecordedInput): Input {
+  const sends = r.sends.map((x) => ({ bytes: Buffer.from(x.hex, 'hex'), cuts: x.cuts, waitAfter: x.waitAfter, ...(x.pauseReadMs ? { pauseReadMs: x.pauseReadMs } : {}) }));
+  const stream = Buffer.concat(sends.map((x) => x.bytes));
+  let pos = 0;
+  for (const x of sends) { x.bytes = stream.subarray(pos, pos + x.bytes.length); pos += x.bytes.length; }
+  return { index: r.index, lane: r.lane, sends, stream, ending: r.ending, notes: r.notes };
 }
 
 /** Generate input `index` (retrying, with the same stream, when it would attach to an export its lane does not own). */
@@ -347,11 +378,12 @@ export async function runFuzz(opts: FuzzOptions): Promise<FuzzReport> {
 
   async function lane(l: number): Promise<void> {
     const indices: number[] = [];
-    if (opts.only !== undefined) { if (opts.only % lanes === l) indices.push(opts.only); }
+    if (opts.recorded) { if (opts.recorded.lane === l) indices.push(opts.recorded.index); }
+    else if (opts.only !== undefined) { if (opts.only % lanes === l) indices.push(opts.only); }
     else for (let i = l; i < opts.inputs; i += lanes) indices.push(i);
     for (const index of indices) {
       if (stop) return;
-      const { input, parsed } = inputFor(opts.seed, index, world);
+      const { input, parsed } = opts.recorded ? ((x) => ({ input: x, parsed: parseInput(x, world) }))(fromRecord(opts.recorded)) : inputFor(opts.seed, index, world);
       inFlight.set(l, index);
       const ending = input.ending;
       const isStall = ending === 'wait' && parsed.stallsInHandshake && index % 3 === 0;

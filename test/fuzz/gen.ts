@@ -485,6 +485,22 @@ export function generate(rng: Rng, ctx: GenContext): Input {
       ])();
       const parts: Buffer[] = [];
       let bytes = 0;
+      if (rng.chance(0.004)) {
+        // Past the in-flight byte bound: several large WRITEs and READs pipelined at once.
+        const k = rng.int(2, 5);
+        for (let i = 0; i < k; i++) {
+          const len = rng.int(4 * MiB, 12 * MiB) & ~511;
+          const off = BigInt(rng.int(0, Math.floor((size - len) / 512)) * 512);
+          const type = rng.chance(0.5) ? CMD.WRITE : CMD.READ;
+          const cookie = Buffer.alloc(8);
+          cookie.writeUInt32BE(rc.cookieHigh, 0);
+          cookie.writeUInt32BE(rc.cookie++, 4);
+          parts.push(Buffer.concat([u32(REQUEST_MAGIC), u16(0), u16(type), cookie, u64(off), u32(len)]));
+          if (type === CMD.WRITE) parts.push(payload(rng, len));
+          bytes += len;
+          s.notes.push(`  [burst ${b}] big ${type === CMD.WRITE ? 'WRITE' : 'READ'}(off=${off}, len=${len})`);
+        }
+      }
       for (let i = 0; i < n; i++) {
         const r = genRequest(rng, rc, bsLikely);
         // Keep one input's payload bounded (a 32 MiB WRITE is allowed, a burst of them rarely).

@@ -14,7 +14,8 @@ import { NotFoundError } from '../../src/errors.js';
 import { silentLogger } from '../../src/log.js';
 import { metaData } from '../fixtures/nbd-vectors.js';
 import { RawClient, clientFlagsFrame, requestFrame } from '../helpers/nbd-raw.js';
-import { formatFailure, runFuzz } from './fuzzer.js';
+import { fileURLToPath } from 'node:url';
+import { formatFailure, runFuzz, type RecordedInput } from './fuzzer.js';
 
 const MiB = 1024 * 1024;
 const OPT_EXPORT_NAME = 1;
@@ -74,8 +75,12 @@ test('fuzz finding 1: a meta context selected for one export does not carry over
   t.is(same.type, CHUNK_BLOCK_STATUS);
 });
 
+/** Findings as recorded (`npm run fuzz -- --seed S --dump I --save FILE`): they stay the same input when the generator changes. */
+const found = path.join(path.dirname(fileURLToPath(import.meta.url)), '..', '..', '..', 'test', 'fuzz', 'found');
+
 test('fuzz finding 1, as found: seed 5, input 3434 (SET_META_CONTEXT fz2, EXPORT_NAME ro@s, BLOCK_STATUS)', async (t) => {
-  const report = await runFuzz({ seed: 5, inputs: 3435, only: 3434, lanes: 4, victim: false });
+  const recorded = JSON.parse(fs.readFileSync(path.join(found, 'seed5-input3434-export-name-meta-context.json'), 'utf8')) as RecordedInput;
+  const report = await runFuzz({ seed: recorded.seed, inputs: recorded.index + 1, lanes: recorded.lanes, recorded, victim: false });
   t.is(report.inputs, 1);
   t.deepEqual(report.failures.map(formatFailure), []);
 });

@@ -1,5 +1,5 @@
 /**
- * `npm run fuzz -- [--inputs N] [--seed S] [--lanes L] [--only I] [--dump I] [--timeout-ms T] [--inject FAULT] [--max-failures K] [--json]`
+ * `npm run fuzz -- [--inputs N] [--seed S] [--lanes L] [--only I] [--dump I [--save FILE]] [--replay FILE] [--timeout-ms T] [--inject FAULT] [--max-failures K] [--json]`
  *
  * Runs the NBD protocol fuzzer (test/fuzz/fuzzer.ts) against a fresh server and prints what
  * it found; exit code 1 if anything failed. Without --seed a random seed is chosen and
@@ -7,7 +7,8 @@
  */
 
 import { freshSeed } from './rng.js';
-import { dumpInput, formatFailure, mb, runFuzz } from './fuzzer.js';
+import * as fs from 'node:fs';
+import { dumpInput, formatFailure, mb, recordInput, runFuzz, type RecordedInput } from './fuzzer.js';
 
 function args(argv: string[]): Map<string, string> {
   const m = new Map<string, string>();
@@ -30,12 +31,19 @@ function num(m: Map<string, string>, k: string, dflt?: number): number | undefin
 
 async function main(): Promise<void> {
   const a = args(process.argv.slice(2));
-  const known = new Set(['inputs', 'seed', 'lanes', 'only', 'dump', 'timeout-ms', 'inject', 'max-failures', 'json', 'quiet']);
+  const known = new Set(['inputs', 'seed', 'lanes', 'only', 'dump', 'save', 'replay', 'timeout-ms', 'inject', 'max-failures', 'json', 'quiet']);
   for (const k of a.keys()) if (!known.has(k)) throw new Error(`unknown option --${k} (known: ${[...known].map((x) => `--${x}`).join(' ')})`);
   const seed = num(a, 'seed') ?? freshSeed();
   const lanes = num(a, 'lanes', 4)!;
   const dump = num(a, 'dump');
+  if (dump !== undefined && a.has('save')) {
+    fs.writeFileSync(a.get('save')!, `${JSON.stringify(recordInput(seed, lanes, dump), null, 1)}\n`);
+    console.log(`input ${dump} of seed ${seed} (${lanes} lanes) saved to ${a.get('save')}; replay it with --replay ${a.get('save')}`);
+    return;
+  }
   if (dump !== undefined) { console.log(dumpInput(seed, lanes, dump)); return; }
+  const replay = a.get('replay');
+  const recorded = replay ? JSON.parse(fs.readFileSync(replay, 'utf8')) as RecordedInput : undefined;
   const only = num(a, 'only');
   const inputs = only !== undefined ? only + 1 : num(a, 'inputs', 20_000)!;
   const quiet = a.has('quiet') || a.has('json');
@@ -43,7 +51,8 @@ async function main(): Promise<void> {
   const timeoutMs = num(a, 'timeout-ms');
   console.error(`fuzzing: seed ${seed}, ${only !== undefined ? `input ${only} only` : `${inputs} inputs`}, ${lanes} lanes${inject ? `, injected fault ${inject}` : ''}`);
   const report = await runFuzz({
-    seed, inputs, lanes, maxFailures: num(a, 'max-failures', 1)!,
+    seed: recorded?.seed ?? seed, inputs, lanes: recorded?.lanes ?? lanes, maxFailures: num(a, 'max-failures', 1)!,
+    ...(recorded ? { recorded } : {}),
     ...(only !== undefined ? { only } : {}),
     ...(inject ? { inject } : {}),
     ...(timeoutMs !== undefined ? { timeoutMs } : {}),
