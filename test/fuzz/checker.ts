@@ -9,7 +9,7 @@
 import { CF, CHUNK, CMD, CMD_NAMES, ERRNO_NAMES, INFO, IHAVEOPT, MAX_PAYLOAD, MAX_STRING, NBDMAGIC, REP, REPLY_FLAG_DONE, REP_MAGIC, SIMPLE_MAGIC, SPEC_ERRNOS, STATE_HOLE, STATE_ZERO, STRUCTURED_MAGIC, TF, allExportNames, isRepError, optName, repName, type World } from './proto.js';
 import { Conn, Eof, Hang } from './conn.js';
 import type { ContentModel, Range } from './model.js';
-import { infoKey, specString, type Ev, type ExportDesc, type OptExpect, type Parsed, type Req, type Transmission } from './oracle.js';
+import { expectedEflags, infoKey, specString, type Ev, type ExportDesc, type OptExpect, type Parsed, type Req, type Transmission } from './oracle.js';
 
 export class Violation extends Error {
   constructor(readonly kind: string, message: string) { super(message); }
@@ -337,9 +337,8 @@ export class Checker {
     if (!!(flags & TF.READ_ONLY) !== readOnly) throw v('eflags', `${what}: READ_ONLY ${flags & TF.READ_ONLY ? 'set' : 'clear'} on a ${readOnly ? 'read-only' : 'writable'} export`);
     if (flags & TF.SEND_DF && !structured) throw v('eflags', `${what}: SEND_DF without structured replies`);
     if (flags & TF.SEND_FAST_ZERO && !(flags & TF.SEND_WRITE_ZEROES)) throw v('eflags', `${what}: SEND_FAST_ZERO without SEND_WRITE_ZEROES`);
-    const t = this.parsed.tx;
-    const want = t && t.exp.readOnly === readOnly && t.structured === structured ? t.eflags : null;
-    if (want !== null && flags !== want) throw v('eflags', `${what}: flags 0x${flags.toString(16)}, baton documents 0x${want.toString(16)}`);
+    const want = expectedEflags(readOnly, structured);
+    if (flags !== want) throw v('eflags', `${what}: flags 0x${flags.toString(16)}, baton documents 0x${want.toString(16)}`);
   }
 
   private async exportName(e: Extract<Ev, { k: 'export-name' }>): Promise<void> {

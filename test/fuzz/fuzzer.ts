@@ -141,6 +141,9 @@ class Server {
   }
 }
 
+const STEADY_GROWTH = 192 * MiB;
+/** Stalled handshakes running beside the lanes at once. */
+const MAX_STALLS = 16;
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
 const turn = (): Promise<void> => new Promise((r) => setImmediate(r));
 
@@ -397,7 +400,7 @@ export async function runFuzz(opts: FuzzOptions): Promise<FuzzReport> {
         stalls++;
         background.add(run);
         void run.finally(() => background.delete(run));
-        while (background.size >= 16) await Promise.race(background);
+        while (background.size >= MAX_STALLS) await Promise.race(background);
       } else {
         await run;
       }
@@ -431,10 +434,10 @@ export async function runFuzz(opts: FuzzOptions): Promise<FuzzReport> {
     }
   }
 
-  // Memory, connections and the server's log, every ~2 s.
+  // Memory, connections and the server's log, every ~3 s.
   const memory = { baselineOther: 0, maxSteadyOther: 0, peakOther: 0, peakRss: 0, maxRss: 0, storeBytes: 0, probes: 0 };
   const perConnection = limits.maxInflightBytes + Math.max(limits.maxInflightBytes / 2, 32 * MiB + 1024) + 32 * MiB;
-  const probe = async (final: boolean): Promise<ServerStats | null> => {
+  const probe = async (): Promise<ServerStats | null> => {
     const s = await server.call<ServerStats>({ op: 'stats', gc: true }, 30_000);
     if (!s) { if (!stop) fail({ index: 'probe', lane: -1, kind: 'server-died', message: server.exited ?? 'the server stopped answering', notes: [], replay: [] }); return null; }
     memory.probes++;
@@ -444,16 +447,17 @@ export async function runFuzz(opts: FuzzOptions): Promise<FuzzReport> {
     memory.peakRss = Math.max(memory.peakRss, s.peakRss);
     memory.maxRss = Math.max(memory.maxRss, s.maxRss);
     memory.storeBytes = s.storeBytes;
-    const conns = lanes + 8 + 2;
+    const conns = lanes + MAX_STALLS + 2; // lanes, stalled handshakes, the well-behaved client
     if (s.connections > conns) fail({ index: 'probe', lane: -1, kind: 'leak', message: `${s.connections} connections open on the server, at most ${conns} expected`, notes: [], replay: [] });
-    if (memory.probes > 2 && s.other > memory.baselineOther + 128 * MiB) {
+    // Growth allowed past the baseline: 128 MiB, plus the 64 MiB the READ buffer pool
+    // (nbd/buffer-pool.ts) may keep, which this measure does not subtract.
+    if (memory.probes > 2 && s.other > memory.baselineOther + STEADY_GROWTH) {
       fail({ index: 'probe', lane: -1, kind: 'memory', message: `server memory (heap + buffers, less stored data, dirty data and cache) grew from ${mb(memory.baselineOther)} to ${mb(s.other)} after a full GC`, notes: [], replay: [] });
     }
     const peakBound = Math.max(memory.baselineOther, 64 * MiB) + perConnection * (lanes + 1) + 256 * MiB;
     if (s.peakOther > peakBound) {
       fail({ index: 'probe', lane: -1, kind: 'memory', message: `server memory peaked at ${mb(s.peakOther)}, above the bound ${mb(peakBound)} (baseline + ${mb(perConnection)} per connection)`, notes: [], replay: [] });
     }
-    void final;
     return s;
   };
   let probing = true;
@@ -461,7 +465,7 @@ export async function runFuzz(opts: FuzzOptions): Promise<FuzzReport> {
   const prober = (async (): Promise<void> => {
     while (probing && !stop) {
       await new Promise<void>((r) => { const t = setTimeout(r, 3000); wakeProber = () => { clearTimeout(t); r(); }; });
-      if (probing && !stop) await probe(false);
+      if (probing && !stop) await probe();
     }
   })();
 
@@ -495,7 +499,7 @@ export async function runFuzz(opts: FuzzOptions): Promise<FuzzReport> {
   if (!server.exited && failures.length === 0) {
     const until = Date.now() + 10_000;
     for (;;) {
-      last = await probe(true);
+      last = await probe();
       if (!last || last.connections === 0 || Date.now() > until) break;
       await sleep(100);
     }
