@@ -238,6 +238,8 @@ export class NbdSession {
           return 'abort';
         }
         this.send(codec.encodeExportNameReply(h.backend.size, this.flagsFor(h.backend), noZeroes));
+        // As for GO: a meta context selected for another export does not apply to this one.
+        this.dropMetaContextUnlessFor(name, h.name);
         log.debug({ export: name }, 'attached (EXPORT_NAME)');
         return h;
       }
@@ -328,12 +330,16 @@ export class NbdSession {
       h?.release();
       return null;
     }
-    // Meta context selection applies only to the export GO names.
-    if (this.metaContextExport !== null && this.metaContextExport !== req.name && this.metaContextExport !== h.name) {
-      this.metaContextExport = null;
-    }
+    this.dropMetaContextUnlessFor(req.name, h.name);
     this.opts.log.debug({ export: h.name, structured: this.structured }, 'attached (GO)');
     return h;
+  }
+
+  /** Meta context selection applies only to the export that GO (or EXPORT_NAME) then names. */
+  private dropMetaContextUnlessFor(requested: string, canonical: string): void {
+    if (this.metaContextExport !== null && this.metaContextExport !== requested && this.metaContextExport !== canonical) {
+      this.metaContextExport = null;
+    }
   }
 
   private handleMetaContext(option: number, data: Buffer): void {
