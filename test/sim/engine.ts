@@ -71,7 +71,6 @@ async function openWriter(run: SimRun, node: Node, l: Live, rng: Rng): Promise<{
     const issued = run.model.stamp();
     for (let attempt = 0; ; attempt++) {
       try {
-        run.takeover(v.volumeId, lease.token);
         await run.op(node, `takeover ${l.name} token ${lease.token}`, () => v.takeover(lease.token));
         break;
       } catch (err) {
@@ -123,7 +122,7 @@ async function writerSession(run: SimRun, node: Node, l: Live, rng: Rng): Promis
         run.note(`  ${what}: closed`);
       } catch (err) {
         run.checkFence(err, session, `${what}: close`);
-        run.expect(err, `${what}: close`, ['FENCED', 'LEASE_LOST']);
+        run.expect(err, `${what}: close`, ['FENCED', 'LEASE_LOST', 'SHUTDOWN']);
       }
     } else {
       run.note(`  ${what}: dropped without a final flush`);
@@ -137,9 +136,10 @@ async function writerSession(run: SimRun, node: Node, l: Live, rng: Rng): Promis
 }
 
 /** One client request of a writer session. */
-async function clientOp(run: SimRun, node: Node, vol: Volume, s: Session, lease: Lease, rng: Rng, busy: Set<number>, what: string): Promise<void> {
+export async function clientOp(run: SimRun, node: Node, vol: Volume, s: Session, lease: Lease, rng: Rng, busy: Set<number>, what: string): Promise<void> {
   const model = run.model;
   const nb = s.vol.nblocks;
+  const t0 = node.proc.now();
   const r = rng.float();
   const free = (first: number, n: number): boolean => { for (let b = first; b < first + n; b++) if (busy.has(b)) return false; return true; };
   if (r < 0.52) {
@@ -164,7 +164,7 @@ async function clientOp(run: SimRun, node: Node, vol: Volume, s: Session, lease:
     } catch (err) {
       model.writeDone(wid, false);
       run.checkFence(err, s, `${what}: ${desc}`);
-      run.expect(err, `${what}: ${desc}`, ['FENCED', 'LEASE_LOST']);
+      run.expectWriter(err, `${what}: ${desc}`, lease, t0, ['FENCED', 'LEASE_LOST', 'SHUTDOWN']);
     } finally {
       for (let b = first; b < first + n; b++) busy.delete(b);
     }
@@ -180,7 +180,7 @@ async function clientOp(run: SimRun, node: Node, vol: Volume, s: Session, lease:
       run.count('flushes');
     } catch (err) {
       run.checkFence(err, s, `${what}: flush`);
-      run.expect(err, `${what}: flush`, ['FENCED', 'LEASE_LOST']);
+      run.expectWriter(err, `${what}: flush`, lease, t0, ['FENCED', 'LEASE_LOST', 'SHUTDOWN']);
       run.count('failedFlushes');
     }
   } else if (r < 0.97 && run.on('compact')) {
@@ -192,7 +192,7 @@ async function clientOp(run: SimRun, node: Node, vol: Volume, s: Session, lease:
       run.count('compactedObjects', c.objects);
     } catch (err) {
       run.checkFence(err, s, `${what}: compact`);
-      run.expect(err, `${what}: compact`, ['FENCED', 'LEASE_LOST']);
+      run.expectWriter(err, `${what}: compact`, lease, t0, ['FENCED', 'LEASE_LOST', 'SHUTDOWN']);
     }
   } else {
     await readBack(run, node, vol, s, lease, rng, what);
@@ -210,6 +210,7 @@ async function burst(run: SimRun, node: Node, vol: Volume, s: Session, lease: Le
     const b = rng.int(0, s.vol.nblocks - 1);
     if (busy.has(b)) continue;
     busy.add(b);
+    let t0 = node.proc.now();
     const { wid, data } = model.issueWrite(s, b, 1, false, lease.validUntil() <= node.proc.now());
     try {
       await run.op(node, `${what}: burst write ${wid} block ${b}`, () => vol.write(b * BLOCK, data!, false), { lease });
@@ -217,18 +218,19 @@ async function burst(run: SimRun, node: Node, vol: Volume, s: Session, lease: Le
     } catch (err) {
       model.writeDone(wid, false);
       run.checkFence(err, s, `${what}: burst write`);
-      run.expect(err, `${what}: burst write`, ['FENCED', 'LEASE_LOST']);
+      run.expectWriter(err, `${what}: burst write`, lease, t0, ['FENCED', 'LEASE_LOST', 'SHUTDOWN']);
     } finally {
       busy.delete(b);
     }
     const issued = model.stamp();
+    t0 = node.proc.now();
     try {
       await run.op(node, `${what}: burst flush`, () => vol.flush(), { lease });
       model.durable(s, issued);
       run.count('flushes');
     } catch (err) {
       run.checkFence(err, s, `${what}: burst flush`);
-      run.expect(err, `${what}: burst flush`, ['FENCED', 'LEASE_LOST']);
+      run.expectWriter(err, `${what}: burst flush`, lease, t0, ['FENCED', 'LEASE_LOST', 'SHUTDOWN']);
       run.count('failedFlushes');
     }
     await node.proc.sleep(rng.logUniform(1, 1000));
@@ -251,7 +253,7 @@ async function ownRead(run: SimRun, node: Node, vol: Volume, s: Session, lease: 
 }
 
 /** The whole volume, in pieces (after a takeover: what the new holder recovered). */
-async function readBack(run: SimRun, node: Node, vol: Volume, s: Session, lease: Lease, rng: Rng, what: string): Promise<void> {
+export async function readBack(run: SimRun, node: Node, vol: Volume, s: Session, lease: Lease, rng: Rng, what: string): Promise<void> {
   const chunk = rng.pick([4, 16]) * BLOCK;
   for (let off = 0; off < vol.size; off += chunk) {
     if (!(await checkedRead(run, node, vol, s, off, Math.min(chunk, vol.size - off), () => run.model.stamp(), `${what} read-back`, lease))) return;
@@ -285,7 +287,7 @@ export async function checkedRead(
 
 interface View { l: Live; vol: Volume; opened: number; snapshot: boolean }
 
-async function readerActor(run: SimRun, node: Node): Promise<void> {
+export async function readerActor(run: SimRun, node: Node): Promise<void> {
   if (!run.on('views')) return;
   const rng = node.rng.derive('reader');
   const views: View[] = [];
@@ -344,7 +346,7 @@ async function viewRead(run: SimRun, node: Node, v: View, rng: Rng): Promise<voi
 
 // ------------------------------------------------------------------ admin
 
-async function adminActor(run: SimRun, node: Node): Promise<void> {
+export async function adminActor(run: SimRun, node: Node): Promise<void> {
   const rng = node.rng.derive('admin');
   await node.proc.sleep(rng.logUniform(100, 5000));
   // Does anything live descend from `l` (through removed volumes too)?
@@ -441,7 +443,7 @@ async function remove(run: SimRun, node: Node, l: Live): Promise<void> {
 
 // ------------------------------------------------------------------ GC
 
-async function gcActor(run: SimRun, node: Node): Promise<void> {
+export async function gcActor(run: SimRun, node: Node): Promise<void> {
   if (!run.on('gc')) return;
   const rng = node.rng.derive('gc');
   const catalog = node.catalog('gc');

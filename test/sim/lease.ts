@@ -45,6 +45,8 @@ export class SimLeaseService {
   /** Hosts cut off from the lease service. */
   readonly cut = new Set<string>();
   requests = 0;
+  /** Every token handed out (a takeover may follow under it). */
+  onGrant: (volume: string, token: number) => void = () => {};
   constructor(readonly sim: Sim, readonly ttlMs: number) {}
 
   private live(volume: string): Rec | null {
@@ -61,6 +63,7 @@ export class SimLeaseService {
     const token = Math.max(this.counters.get(volume) ?? 0, r?.token ?? 0, minToken) + 1;
     this.counters.set(volume, token);
     this.recs.set(volume, { holder, token, expiresAt: this.sim.now + this.ttlMs });
+    this.onGrant(volume, token);
     return { token };
   }
 
@@ -191,6 +194,12 @@ export class SimLeaseManager implements LeaseManager {
       if (this.proc.now() >= deadline) throw r.err;
       await this.proc.sleep(Math.min(this.pollMs, deadline - this.proc.now()));
     }
+  }
+
+  /** The lease this process holds for `volume`, if any (for the model: its deadline). */
+  held(volume: string): Lease | null {
+    for (const l of this.leases) if (l.volume === volume && l.held) return l;
+    return null;
   }
 
   inspect(volume: string): Promise<LeaseRecord | null> { return this.call('inspect', (s) => s.inspect(volume)); }

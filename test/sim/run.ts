@@ -227,7 +227,7 @@ export class SimRun {
   readonly failedReads: { buf: Buffer; copy: Buffer; until: number; what: string }[] = [];
   /** Volumes open for writing now (memory and layer bounds are checked on them). */
   readonly writers = new Set<{ vol: Volume; proc: Proc }>();
-  /** Takeover attempts per volume id: the tokens (a fence by "another writer" needs a higher one). */
+  /** Lease tokens granted per volume name: a takeover may follow under any (a fence by "another writer" needs a higher one). */
   readonly takeoverTokens = new Map<string, number[]>();
   readonly sessionsByVolume = new WeakMap<Volume, Session>();
   readonly counts: Record<string, number> = {};
@@ -248,6 +248,7 @@ export class SimRun {
     this.server.outsidePromise = (proc) => this.outsidePromise(proc);
     if (opts.verbose) this.server.traceApply = (line) => this.note(line);
     this.leaseService = new SimLeaseService(this.sim, this.config.ttlMs);
+    this.leaseService.onGrant = (name, token) => this.granted(name, token);
     this.model = new Model(this.sim, (v) => this.fail(v));
     this.storeFaults = this.config.store;
     this.leaseFaults = this.config.lease;
@@ -329,6 +330,22 @@ export class SimRun {
     this.fail(new Violation('unexpected-error', `${what}: ${code}: ${errorMessage(err)}${err instanceof Error && !(err instanceof BatonError) ? `\n${err.stack?.split('\n').slice(1, 8).join('\n')}` : ''}`));
   }
 
+  /**
+   * A writer's operation that failed: besides what expect() allows, an operation of a holder
+   * whose lease ran out, or that ran longer than M (outside the design's bound), may fail
+   * with NOT_FOUND or CORRUPT (GC freed what its stale map or its log position named); only
+   * an acknowledgement would be wrong there, and the model checks those.
+   */
+  expectWriter(err: unknown, what: string, lease: Lease | null, startMs: number, allow: readonly string[] = []): void {
+    const stale = (lease !== null && lease.validUntil() <= this.sim.now) || this.sim.now - startMs > M;
+    if (stale && err instanceof BatonError && ['NOT_FOUND', 'CORRUPT'].includes(err.code.replace('BATON_ERR_', ''))) {
+      this.count('staleHolderErrors');
+      this.note(`  ${what}: ${errorMessage(err).slice(0, 160)} (a stale holder)`);
+      return;
+    }
+    this.expect(err, what, allow);
+  }
+
   newName(prefix: string): string { return `${prefix}${++this.nameCounter}`; }
 
   /** A live volume or snapshot, chosen by `rng`, that `ok` accepts. */
@@ -337,16 +354,16 @@ export class SimRun {
     return xs.length ? rng.pick(xs) : null;
   }
 
-  takeover(volumeId: string, token: number): void {
-    let a = this.takeoverTokens.get(volumeId);
-    if (!a) this.takeoverTokens.set(volumeId, a = []);
+  private granted(name: string, token: number): void {
+    let a = this.takeoverTokens.get(name);
+    if (!a) this.takeoverTokens.set(name, a = []);
     a.push(token);
   }
 
   /** A FencedError "taken by another writer": some takeover of this volume must have a higher token (9.6). */
   checkFence(err: unknown, s: Session, what: string): void {
     if (!(err instanceof BatonError) || err.code !== 'BATON_ERR_FENCED' || !/taken by another writer/.test(err.message)) return;
-    const higher = (this.takeoverTokens.get(s.vol.id) ?? []).some((t) => t > s.token);
+    const higher = (this.takeoverTokens.get(s.vol.name) ?? []).some((t) => t > s.token);
     if (!higher) this.fail(new Violation('spurious-fence', `${what}: ${s.label} fenced itself ("${errorMessage(err)}") although no other writer ever tried to take the volume over: its own retried commit was taken for another writer's`));
   }
 
@@ -579,7 +596,12 @@ export class SimRun {
     }
     if (this.on('gc')) {
       for (let i = 0; i < 3; i++) {
-        const g = await collectGarbage(catalog, { graceMs: this.config.graceMs, maxOperationMs: M, world: proc });
+        // Nothing fails any more: a GC run that cannot compute a map means a map cannot be recovered.
+        const g = await collectGarbage(catalog, { graceMs: this.config.graceMs, maxOperationMs: M, world: proc }).catch((err: unknown) => {
+          this.fail(new Violation('volume-unreadable', `the final GC run failed with the store healthy: ${errorMessage(err)}`));
+          return null;
+        });
+        if (!g) return;
         this.count('gcFinalDeleted', g.deletedObjects);
         await proc.sleep(this.config.graceMs + 1);
       }
@@ -596,14 +618,19 @@ export class SimRun {
       if (!rec) return;
       if (rec.id !== l.vm.id) { this.fail(new Violation('catalog', `${l.name} is ${rec.id} in the store, ${l.vm.id} in the model`)); return; }
       const lo = this.model.stamp();
-      const vol = await Volume.open(rec, node.volumeOptions(true, cache));
-      const chunk = 16 * BLOCK;
-      for (let off = 0; off < vol.size; off += chunk) {
-        const buf = await vol.read(off, Math.min(chunk, vol.size - off));
-        this.model.checkRead(l.vm, null, off, buf, lo, this.model.stamp(), 'verifier');
-        if (this.violation) return;
+      try {
+        const vol = await Volume.open(rec, node.volumeOptions(true, cache));
+        const chunk = 16 * BLOCK;
+        for (let off = 0; off < vol.size; off += chunk) {
+          const buf = await vol.read(off, Math.min(chunk, vol.size - off));
+          this.model.checkRead(l.vm, null, off, buf, lo, this.model.stamp(), 'verifier');
+          if (this.violation) return;
+        }
+        await vol.close();
+      } catch (err) {
+        this.fail(new Violation('volume-unreadable', `a fresh host cannot read ${l.vm.label} with the store healthy: ${errorMessage(err)}`));
+        return;
       }
-      await vol.close();
       this.count('verifiedVolumes');
     }
   }
