@@ -106,7 +106,7 @@ async function writerSession(run: SimRun, node: Node, l: Live, rng: Rng): Promis
   try {
     const busy = new Set<number>();
     let left = rng.int(2, 40);
-    if (rng.chance(0.5)) await readBack(run, node, vol, session, lease, rng, what);
+    if (rng.chance(0.8)) await readBack(run, node, vol, session, lease, rng, what);
     const client = async (c: number): Promise<void> => {
       while (left-- > 0 && !vol.isFenced && lease.validUntil() > node.proc.now() && run.take(node, `${session.label} client ${c}`)) {
         await clientOp(run, node, vol, session, lease, rng, busy, `${what} client ${c}`);
@@ -313,7 +313,7 @@ export async function readerActor(run: SimRun, node: Node): Promise<void> {
       } else {
         await viewRead(run, node, rng.pick(views), rng);
       }
-      await node.proc.sleep(rng.chance(0.2) ? rng.logUniform(M, 20 * M) : rng.logUniform(5, M));
+      await node.proc.sleep(rng.chance(0.35) ? rng.logUniform(M, 20 * M) : rng.logUniform(5, M));
     }
   } finally {
     for (const v of views) { await v.vol.close().catch(() => {}); v.l.users--; }

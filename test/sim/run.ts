@@ -15,7 +15,7 @@ import { pino } from 'pino';
 import { BlockCache } from '../../src/cache.js';
 import { BatonError, errorMessage } from '../../src/errors.js';
 import type { Lease } from '../../src/lease/lease.js';
-import { silentLogger, type Logger } from '../../src/log.js';
+import type { Logger } from '../../src/log.js';
 import { RetryingObjectStore } from '../../src/store/decorators.js';
 import type { ObjectStore } from '../../src/store/object-store.js';
 import { StoreCatalog } from '../../src/volume/catalog.js';
@@ -84,6 +84,8 @@ export interface Config {
   /** Mean gap between injected faults (pauses, crashes, outages), virtual ms. */
   faultGapMs: number;
   maxVolumes: number;
+  /** Each process picks its own checkpoint interval (hosts configured differently). */
+  mixedCheckpoints: boolean;
 }
 
 function drawConfig(rng: Rng, on: (c: ClassName) => boolean): Config {
@@ -104,7 +106,7 @@ function drawConfig(rng: Rng, on: (c: ClassName) => boolean): Config {
       failBefore: on('errors') ? rng.pick([0.003, 0.02, 0.06]) : 0,
       lostReply: on('ambiguous') ? rng.pick([0.003, 0.01, 0.03]) : 0,
       noReply: on('ambiguous') ? rng.pick([0, 0.002, 0.01]) : 0,
-      slow: on('slow') ? rng.pick([0.002, 0.01, 0.03]) : 0,
+      slow: on('slow') ? rng.pick([0.002, 0.01, 0.03, 0.08]) : 0,
       timeoutMs: rng.pick([2000, 10_000, 30_000]),
       pageSize: rng.pick([2, 5, 1000]),
     },
@@ -118,6 +120,7 @@ function drawConfig(rng: Rng, on: (c: ClassName) => boolean): Config {
     retries: on('retries') && rng.chance(0.7) ? { attempts: rng.pick([2, 4, 6]), baseDelayMs: 50, maxDelayMs: rng.pick([500, 2000]) } : null,
     faultGapMs: rng.pick([2000, 8000, 30_000]),
     maxVolumes: rng.int(2, 6),
+    mixedCheckpoints: rng.chance(0.5),
   };
 }
 
@@ -141,8 +144,11 @@ export class Node {
   readonly leases: SimLeaseManager;
   readonly log: Logger;
   private cachePromise: Promise<BlockCache> | null = null;
+  /** The engine options of this process. */
+  readonly engine: Config['engine'];
   constructor(readonly run: SimRun, readonly host: SimHost, readonly proc: Proc, readonly rng: Rng) {
     this.log = run.logger(proc.label);
+    this.engine = run.config.mixedCheckpoints ? { ...run.config.engine, checkpointEvery: rng.derive('engine').pick([1, 2, 8, 64]) } : run.config.engine;
     this.leases = new SimLeaseManager(run.leaseService, proc, () => run.leaseFaults, rng.derive('lease'), this.log);
   }
   get hostId(): string { return this.host.name; }
@@ -179,7 +185,7 @@ export class Node {
   cache(): Promise<BlockCache> { return (this.cachePromise ??= this.newCache()); }
 
   volumeOptions(readOnly: boolean, cache: BlockCache, role: Role = 'host'): VolumeOptions {
-    return { store: this.store(role), cache, log: this.log, readOnly, world: this.proc, maxOperationMs: M, ...this.run.config.engine };
+    return { store: this.store(role), cache, log: this.log, readOnly, world: this.proc, maxOperationMs: M, ...this.engine };
   }
 
   catalog(role: Role): StoreCatalog {
@@ -187,7 +193,7 @@ export class Node {
     if (!c) {
       c = new StoreCatalog({
         store: this.store(role), log: this.log, cache: () => this.cache(),
-        volume: { world: this.proc, maxOperationMs: M, ...this.run.config.engine },
+        volume: { world: this.proc, maxOperationMs: M, ...this.engine },
       });
       this.catalogs.set(role, c);
     }
@@ -258,7 +264,8 @@ export class SimRun {
 
   count(what: string, n = 1): void { this.counts[what] = (this.counts[what] ?? 0) + n; }
 
-  private readonly silent = silentLogger();
+  /** Silent, also for children that raise their level (the catalog's GC views ask for warnings). */
+  private readonly silent: Logger = pino({ level: 'silent' }, { write(): void {} });
 
   /** Engine warnings and errors go into the trace with --verbose (it costs a JSON line each). */
   logger(label: string): Logger {

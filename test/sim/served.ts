@@ -142,7 +142,7 @@ async function connection(run: SimRun, node: Node, s: Served, l: Live, rng: Rng)
     if (!w) { run.note(`  ${what}: attached, but this host holds no lease for it (already lost?)`); return; }
     const { session, lease } = w;
     const busy = new Set<number>();
-    if (rng.chance(0.3)) await readBack(run, node, vol, session, lease, rng, what);
+    if (rng.chance(0.6)) await readBack(run, node, vol, session, lease, rng, what);
     for (let i = rng.int(1, 30); i > 0 && conn.open && !vol.isFenced && run.take(node, `${what}: request`); i--) {
       await clientOp(run, node, vol, session, lease, rng, busy, what);
       if (rng.chance(0.3)) await node.proc.sleep(rng.logUniform(1, 5000));

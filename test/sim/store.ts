@@ -66,6 +66,10 @@ export interface StoreStats {
   refused: number;
   /** Keys re-created after they were deleted (a stale writer at a position GC freed, e.g.). */
   recreated: number;
+  /** ... of them log records that GC had deleted (stale writers at freed positions). */
+  recreatedLog: number;
+  /** Checkpoints put over an existing one (never, while checkpoints are create-only). */
+  checkpointReplaced: number;
   deletedByGc: number;
   toleratedMetaReads: number;
   gcReadsOfRemoved: number;
@@ -74,6 +78,8 @@ export interface StoreStats {
 export class SimStoreServer {
   readonly description = 'sim:';
   private readonly objects = new Map<string, Entry>();
+  /** Every key, in UTF-8 byte order (listings walk it). */
+  private readonly sorted: string[] = [];
   private readonly deleted = new Map<string, Deletion>();
   /** When each key was last put (virtual ms). */
   private readonly putAt = new Map<string, number>();
@@ -84,7 +90,7 @@ export class SimStoreServer {
   readonly lateRecordDeletes = new Set<string>();
   private etag = 0;
   readonly stats: StoreStats = {
-    requests: 0, failedBefore: 0, lostReplies: 0, noReplies: 0, slow: 0, refused: 0, recreated: 0, deletedByGc: 0, toleratedMetaReads: 0, gcReadsOfRemoved: 0,
+    requests: 0, failedBefore: 0, lostReplies: 0, noReplies: 0, slow: 0, refused: 0, recreated: 0, recreatedLog: 0, checkpointReplaced: 0, deletedByGc: 0, toleratedMetaReads: 0, gcReadsOfRemoved: 0,
   };
   /** Set by the runner: a GC promise broken. */
   onViolation: (msg: string) => void = () => {};
@@ -141,8 +147,17 @@ export class SimStoreServer {
     if (o?.ifNoneMatch === true && this.objects.has(key)) {
       throw new PreconditionFailedError(`put ${key}: object already exists in ${this.description} (create-only put)`);
     }
-    if (this.deleted.delete(key)) this.stats.recreated++;
+    const gone = this.deleted.get(key);
+    if (gone) {
+      this.deleted.delete(key);
+      this.stats.recreated++;
+      // A log position GC freed, taken again (a stale writer: what "the log is a chain" is for).
+      if (key.includes('/log/') && gone.by === 'gc') this.stats.recreatedLog++;
+      this.traceApply?.(`store: ${key} re-created after ${gone.who} (${gone.by}) deleted it`);
+    }
+    if (key.includes('/checkpoint/') && this.objects.has(key)) this.stats.checkpointReplaced++;
     this.putAt.set(key, this.sim.now);
+    if (!this.objects.has(key)) this.sorted.splice(this.lowerBound(key), 0, key);
     this.objects.set(key, { body, metadata: { ...o?.metadata }, lastModified: this.wall(), etag: `"${++this.etag}"` });
   }
 
@@ -150,26 +165,41 @@ export class SimStoreServer {
     if (!waiting && key.startsWith('volumes/') && this.objects.has(key) && (this.putAt.get(key) ?? -1) > sentAt) {
       this.lateRecordDeletes.add(key.slice('volumes/'.length));
     }
-    if (this.objects.delete(key) && key.startsWith('vol/')) {
+    const existed = this.objects.delete(key);
+    if (existed) this.sorted.splice(this.lowerBound(key), 1);
+    if (existed && key.startsWith('vol/')) {
       this.deleted.set(key, { by: role, who, at: this.sim.now });
       if (role === 'gc') this.stats.deletedByGc++;
     }
   }
 
+  /** The index of the first key >= `key` in `sorted`. */
+  private lowerBound(key: string): number {
+    let lo = 0;
+    let hi = this.sorted.length;
+    while (lo < hi) {
+      const mid = (lo + hi) >>> 1;
+      if (compareKeys(this.sorted[mid]!, key) < 0) lo = mid + 1; else hi = mid;
+    }
+    return lo;
+  }
+
   listPage(prefix: string, after: string | undefined, pageSize: number): { items: ObjectInfo[]; truncated: boolean } {
-    const keys: string[] = [];
-    for (const k of this.objects.keys()) if (k.startsWith(prefix) && (after === undefined || compareKeys(k, after) > 0)) keys.push(k);
-    keys.sort(compareKeys);
-    const page = keys.slice(0, pageSize);
-    return {
-      items: page.map((k) => { const e = this.objects.get(k)!; return { key: k, size: e.body.length, lastModified: e.lastModified }; }),
-      truncated: keys.length > pageSize,
-    };
+    let i = this.lowerBound(after !== undefined && compareKeys(after, prefix) > 0 ? after : prefix);
+    if (after !== undefined && this.sorted[i] === after) i++;
+    const items: ObjectInfo[] = [];
+    for (; i < this.sorted.length && this.sorted[i]!.startsWith(prefix); i++) {
+      if (items.length === pageSize) return { items, truncated: true };
+      const k = this.sorted[i]!;
+      const e = this.objects.get(k)!;
+      items.push({ key: k, size: e.body.length, lastModified: e.lastModified });
+    }
+    return { items, truncated: false };
   }
 
   /** For the final checks and the trace. */
   get size(): number { return this.objects.size; }
-  keys(): string[] { return [...this.objects.keys()].sort(compareKeys); }
+  keys(): string[] { return [...this.sorted]; }
 }
 
 /** One process's connection to the store, in one role, with the host's fault settings. */
