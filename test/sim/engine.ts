@@ -426,7 +426,16 @@ async function remove(run: SimRun, node: Node, l: Live): Promise<void> {
   // Its snapshots go with it (all unused: else it waits).
   const snaps = l.vm.kind === 'volume' ? [...run.live.values()].filter((x) => x.vm.kind === 'snapshot' && x.vm.fork?.source === l.vm && !x.removing) : [];
   if (snaps.some((x) => x.users > 0)) return;
+  // As `baton rm` does: a volume some host serves (its lease is held) is not removed.
   for (const x of [l, ...snaps]) x.removing = true;
+  try {
+    const held = await run.op(node, `lease of ${l.name}`, () => node.leases.inspect(l.name));
+    if (held?.holder) { run.note(`  rm ${l.name}: refused, served by ${held.holder}`); for (const x of [l, ...snaps]) x.removing = false; return; }
+  } catch (err) {
+    for (const x of [l, ...snaps]) x.removing = false;
+    run.expect(err, `${node.proc.label} rm ${l.name}: lease`);
+    return;
+  }
   // rm must then follow an ancestry through a meta (the case of 9.3).
   if ([...run.live.values()].some((x) => { for (let f = x.vm.fork; f; f = f.source.fork) { if (f.source === l.vm) return f !== x.vm.fork; } return false; })) run.count('rmDeepDescendants');
   try {

@@ -88,6 +88,8 @@ export class SimStoreServer {
    * up on it, and after the record was created again: finding F1 (catalog.derive's undo).
    */
   readonly lateRecordDeletes = new Set<string>();
+  /** Catalog records created by a put that landed after its client had given up on it (an undone attempt resurrected: F1 too). */
+  readonly lateRecordPuts = new Set<string>();
   private etag = 0;
   readonly stats: StoreStats = {
     requests: 0, failedBefore: 0, lostReplies: 0, noReplies: 0, slow: 0, refused: 0, recreated: 0, recreatedLog: 0, checkpointReplaced: 0, deletedByGc: 0, toleratedMetaReads: 0, gcReadsOfRemoved: 0,
@@ -143,10 +145,11 @@ export class SimStoreServer {
     return { key, size: e.body.length, lastModified: e.lastModified, etag: e.etag, metadata: { ...e.metadata } };
   }
 
-  put(key: string, body: Buffer, o: PutOptions | undefined): void {
+  put(key: string, body: Buffer, o: PutOptions | undefined, waiting = true): void {
     if (o?.ifNoneMatch === true && this.objects.has(key)) {
       throw new PreconditionFailedError(`put ${key}: object already exists in ${this.description} (create-only put)`);
     }
+    if (!waiting && key.startsWith('volumes/') && body.includes('"parent"')) this.lateRecordPuts.add(key.slice('volumes/'.length));
     const gone = this.deleted.get(key);
     if (gone) {
       this.deleted.delete(key);
@@ -297,7 +300,7 @@ export class SimStoreClient implements ObjectStore {
     // The bytes as sent: a caller reusing its buffer afterwards cannot change them.
     const copy = Buffer.from(body);
     const o: PutOptions = { ...options, ...(options?.metadata ? { metadata: { ...options.metadata } } : {}) };
-    return this.request(`put ${key}`, () => this.server.put(key, copy, o));
+    return this.request(`put ${key}`, (waiting) => this.server.put(key, copy, o, waiting));
   }
 
   delete(key: string): Promise<void> {
