@@ -55,6 +55,7 @@
  */
 
 import * as os from 'node:os';
+import { systemWorld, type TimerHandle, type World } from './clock.js';
 import type { ExportHandle, ExportProvider, ExportSummary } from '../nbd/backend.js';
 import { LeaseHeldError, NotFoundError, ShutdownError, errorMessage } from './errors.js';
 import type { Lease, LeaseManager } from './lease/lease.js';
@@ -81,6 +82,8 @@ export interface VolumeExportsOptions {
   idleGraceMs: number;
   log: Logger;
   lease?: LeaseConfig;
+  /** The clock and timers of the idle grace, the handoff wait and the status updates (src/clock.ts); the real ones by default. */
+  world?: World;
 }
 
 export type ServedState = 'opening' | 'serving' | 'draining' | 'closed' | 'fenced';
@@ -126,8 +129,8 @@ class Served {
   opening: Promise<void> = Promise.resolve();
   /** The exit routine, while draining. */
   exit: Promise<void> | null = null;
-  idleTimer: NodeJS.Timeout | null = null;
-  statusTimer: NodeJS.Timeout | null = null;
+  idleTimer: TimerHandle | null = null;
+  statusTimer: TimerHandle | null = null;
   /** Resolves when serving; rejects (with what the waiting clients are told) if it left before. */
   readonly ready: Promise<void>;
   resolveReady!: () => void;
@@ -145,14 +148,14 @@ class Served {
   notifyChanged(): void { for (const w of this.changeWaiters.splice(0)) w(); }
 
   /** Resolves when no handle is out (or after `ms`). */
-  async noClients(ms: number): Promise<void> {
+  async noClients(ms: number, world: World): Promise<void> {
     if (this.refs === 0) return;
-    let timer: NodeJS.Timeout | undefined;
+    let timer: TimerHandle | undefined;
     await Promise.race([
       new Promise<void>((r) => this.idleWaiters.push(r)),
-      new Promise<void>((r) => { timer = setTimeout(r, ms); }),
+      new Promise<void>((r) => { timer = world.setTimeout(r, ms); }),
     ]);
-    clearTimeout(timer);
+    if (timer) world.clearTimeout(timer);
   }
   notifyNoClients(): void { for (const w of this.idleWaiters.splice(0)) w(); }
 
@@ -168,8 +171,11 @@ export class VolumeExports implements ExportProvider {
   private readonly volumes = new Map<string, Served>();
   private closing = false;
   private disconnect: (name: string) => void = () => {};
+  private readonly world: World;
 
-  constructor(private readonly catalog: VolumeCatalog, private readonly opts: VolumeExportsOptions) {}
+  constructor(private readonly catalog: VolumeCatalog, private readonly opts: VolumeExportsOptions) {
+    this.world = opts.world ?? systemWorld;
+  }
 
   /** How to close the NBD connections of a volume (the server's disconnectExport). */
   setDisconnector(fn: (name: string) => void): void { this.disconnect = fn; }
@@ -495,7 +501,7 @@ export class VolumeExports implements ExportProvider {
   private retryIdle(s: Served, err: unknown): void {
     const retryMs = Math.min(Math.max(this.opts.idleGraceMs * 2, 1000), 30_000);
     this.opts.log.warn({ volume: s.name, err: errorMessage(err), retryMs }, 'idle volume could not be flushed; keeping it open and trying again');
-    if (s.state === 'serving' && s.refs === 0 && !s.idleTimer) s.idleTimer = setTimeout(() => void this.closeIdle(s), retryMs);
+    if (s.state === 'serving' && s.refs === 0 && !s.idleTimer) s.idleTimer = this.world.setTimeout(() => void this.closeIdle(s), retryMs);
   }
 
   // ------------------------------------------------------------------ leaving
@@ -509,7 +515,7 @@ export class VolumeExports implements ExportProvider {
       if ((exit.kind === 'handoff' || exit.kind === 'idle') && ov && s.complete && !s.fence) {
         // Clients must be gone before the data is final (a handoff disconnected them; an idle
         // volume has none); then the flush that decides whether we may let go.
-        if (exit.kind === 'handoff') await s.noClients(HANDOFF_CLIENT_WAIT_MS);
+        if (exit.kind === 'handoff') await s.noClients(HANDOFF_CLIENT_WAIT_MS, this.world);
         try {
           await ov.backend.flush();
         } catch (err) {
@@ -594,9 +600,9 @@ export class VolumeExports implements ExportProvider {
   /** The idle timer runs exactly while serving with no handle out. */
   private updateIdle(s: Served): void {
     if (s.state === 'serving' && s.refs === 0) {
-      if (!s.idleTimer) s.idleTimer = setTimeout(() => void this.closeIdle(s), this.opts.idleGraceMs);
+      if (!s.idleTimer) s.idleTimer = this.world.setTimeout(() => void this.closeIdle(s), this.opts.idleGraceMs);
     } else if (s.idleTimer) {
-      clearTimeout(s.idleTimer);
+      this.world.clearTimeout(s.idleTimer);
       s.idleTimer = null;
     }
   }
@@ -610,14 +616,20 @@ export class VolumeExports implements ExportProvider {
       const st = vol.stats();
       lease.setStatus({ dirtyBytes: st.dirtyBytes + st.sealedBytes, lastFlushAt: st.lastFlushAt, lastCommitSeq: st.lastCommitSeq, ...(this.opts.lease?.address ? { address: this.opts.lease.address } : {}) });
     };
+    // Every second while serving: a timer re-armed after each update (stopTimers cancels the pending one).
+    const tick = (): void => {
+      publish();
+      s.statusTimer = this.world.setTimeout(tick, 1000);
+      s.statusTimer.unref?.();
+    };
     publish();
-    s.statusTimer = setInterval(publish, 1000);
-    s.statusTimer.unref();
+    s.statusTimer = this.world.setTimeout(tick, 1000);
+    s.statusTimer.unref?.();
   }
 
   private stopTimers(s: Served): void {
-    if (s.idleTimer) clearTimeout(s.idleTimer);
-    if (s.statusTimer) clearInterval(s.statusTimer);
+    if (s.idleTimer) this.world.clearTimeout(s.idleTimer);
+    if (s.statusTimer) this.world.clearTimeout(s.statusTimer);
     s.idleTimer = null;
     s.statusTimer = null;
   }

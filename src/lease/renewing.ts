@@ -4,7 +4,7 @@
  * is in local.ts and lease.ts: the lease is advisory, fencing happens at the store.
  */
 
-import { performance } from 'node:perf_hooks';
+import { systemWorld, type TimerHandle, type World } from '../clock.js';
 import { InvalidArgumentError, LeaseHeldError, LeaseLostError, errorMessage } from '../errors.js';
 import type { Logger } from '../log.js';
 import type { AcquireOptions, Lease, LeaseStatus } from './lease.js';
@@ -113,13 +113,18 @@ export interface RenewingLeaseArgs {
   holder: string;
   token: number;
   ttlMs: number;
-  /** performance.now() taken BEFORE the acquiring request was sent. */
+  /** world.now() (performance.now() by default) taken BEFORE the acquiring request was sent. */
   startedAt: number;
   /** false: never renew (test hook that simulates a holder that hangs). */
   renew: boolean;
   log: Logger;
   /** Called once when the lease stops being held (lost, released, closed). */
   ended: () => void;
+  /**
+   * The clock and timers of renewals and the local deadline (src/clock.ts); the real ones by
+   * default. `startedAt` and validUntil() are on this world's now().
+   */
+  world?: World;
 }
 
 /**
@@ -138,7 +143,9 @@ export interface RenewingLeaseArgs {
  * lease files the expiry is written on that same clock (clock.ts), so the holder stops before
  * the file expires even across wall-clock steps and suspends. For Redis the expiry runs on
  * the Redis server's clock, which keeps running while this machine is suspended: what that
- * means, and why the store's fence still holds, is in redis.ts.
+ * means, and why the store's fence still holds, is in redis.ts. The clock and the timers are
+ * the injected World's (src/clock.ts: performance.now() and setTimeout in production, virtual
+ * time in the simulator, test/sim).
  */
 export abstract class RenewingLease implements Lease {
   readonly volume: string;
@@ -151,6 +158,7 @@ export abstract class RenewingLease implements Lease {
   readonly #renewEnabled: boolean;
   readonly #ended: () => void;
   readonly #startedAt: number;
+  readonly #world: World;
   #validUntil: number;
   #state: 'held' | 'lost' | 'released' = 'held';
   #lostReason = '';
@@ -162,8 +170,8 @@ export abstract class RenewingLease implements Lease {
   #status: LeaseStatus | undefined;
   #statusVersion = 0;
   #statusSent = 0;
-  #renewTimer: NodeJS.Timeout | null = null;
-  #deadlineTimer: NodeJS.Timeout | null = null;
+  #renewTimer: TimerHandle | null = null;
+  #deadlineTimer: TimerHandle | null = null;
   #chain: Promise<unknown> = Promise.resolve();
 
   protected constructor(a: RenewingLeaseArgs) {
@@ -177,13 +185,14 @@ export abstract class RenewingLease implements Lease {
     this.#renewEnabled = a.renew;
     this.#ended = a.ended;
     this.#startedAt = a.startedAt;
+    this.#world = a.world ?? systemWorld;
     this.#validUntil = a.startedAt + a.ttlMs - this.#margin;
   }
 
   /** @internal Arm the deadline and the renewal loop (the manager calls this once, after registering the lease). */
   start(): void {
     this.#armDeadline();
-    this.#scheduleRenew(Math.max(0, this.#startedAt + this.#interval - performance.now()));
+    this.#scheduleRenew(Math.max(0, this.#startedAt + this.#interval - this.#world.now()));
   }
 
   /** Send one renewal carrying `status` (if it changed since the last one sent). */
@@ -275,8 +284,8 @@ export abstract class RenewingLease implements Lease {
 
   async #renewStep(): Promise<boolean> {
     if (this.#state !== 'held') return false;
-    if (this.#renewTimer) { clearTimeout(this.#renewTimer); this.#renewTimer = null; }
-    const started = performance.now();
+    if (this.#renewTimer) { this.#world.clearTimeout(this.#renewTimer); this.#renewTimer = null; }
+    const started = this.#world.now();
     const version = this.#statusVersion;
     const status = version !== this.#statusSent ? this.#status : undefined;
     let delay: number;
@@ -291,11 +300,11 @@ export abstract class RenewingLease implements Lease {
       this.#validUntil = Math.max(this.#validUntil, started + this.ttlMs - this.#margin);
       this.#armDeadline();
       if (r.handoff) this.noticeHandoff(r.handoff.to, r.handoff.id);
-      delay = started + this.#interval - performance.now();
+      delay = started + this.#interval - this.#world.now();
     } catch (err) {
       if (this.#state !== 'held') return false;
       this.#lastError = errorMessage(err);
-      this.log.warn({ volume: this.volume, token: this.token, err: this.#lastError, msLeft: Math.round(this.#validUntil - performance.now()) }, 'lease renewal failed; retrying');
+      this.log.warn({ volume: this.volume, token: this.token, err: this.#lastError, msLeft: Math.round(this.#validUntil - this.#world.now()) }, 'lease renewal failed; retrying');
       delay = Math.max(50, this.#interval / 3);
     }
     this.#scheduleRenew(Math.max(0, delay));
@@ -304,27 +313,27 @@ export abstract class RenewingLease implements Lease {
 
   #scheduleRenew(ms: number): void {
     if (!this.#renewEnabled || this.#state !== 'held') return;
-    if (this.#renewTimer) clearTimeout(this.#renewTimer);
-    this.#renewTimer = setTimeout(() => { this.#renewTimer = null; void this.renewNow(); }, ms);
-    this.#renewTimer.unref();
+    if (this.#renewTimer) this.#world.clearTimeout(this.#renewTimer);
+    this.#renewTimer = this.#world.setTimeout(() => { this.#renewTimer = null; void this.renewNow(); }, ms);
+    this.#renewTimer.unref?.();
   }
 
   #armDeadline(): void {
-    if (this.#deadlineTimer) clearTimeout(this.#deadlineTimer);
+    if (this.#deadlineTimer) this.#world.clearTimeout(this.#deadlineTimer);
     this.#deadlineTimer = null;
     if (this.#state !== 'held') return;
-    const ms = this.#validUntil - performance.now();
+    const ms = this.#validUntil - this.#world.now();
     if (ms <= 0) {
       this.lose(`could not renew the lease within ${this.ttlMs - this.#margin} ms (last error: ${this.#lastError || 'none'}); it may expire at any moment`);
       return;
     }
-    this.#deadlineTimer = setTimeout(() => { this.#deadlineTimer = null; this.#armDeadline(); }, Math.ceil(ms) + 1);
-    this.#deadlineTimer.unref();
+    this.#deadlineTimer = this.#world.setTimeout(() => { this.#deadlineTimer = null; this.#armDeadline(); }, Math.ceil(ms) + 1);
+    this.#deadlineTimer.unref?.();
   }
 
   #stopTimers(): void {
-    if (this.#renewTimer) clearTimeout(this.#renewTimer);
-    if (this.#deadlineTimer) clearTimeout(this.#deadlineTimer);
+    if (this.#renewTimer) this.#world.clearTimeout(this.#renewTimer);
+    if (this.#deadlineTimer) this.#world.clearTimeout(this.#deadlineTimer);
     this.#renewTimer = null;
     this.#deadlineTimer = null;
   }

@@ -1,0 +1,154 @@
+/**
+ * The served-volume workload: every host runs the real VolumeExports (src/exports.ts), with
+ * the simulated lease service behind a LeaseManager per process, and clients attach to it
+ * as the NBD server's sessions do: open(name) -> an ExportHandle whose backend they read,
+ * write and flush, release() when they leave. The lease, the takeover record, the write
+ * deadline, handoffs between hosts (onHeld: takeover sends a request the holder's renewal
+ * sees), lost leases, fenced volumes and the idle close all run inside exports.ts, on the
+ * process's World. The disconnector plays the NBD server: it ends every connection of the
+ * volume it is told to drop (their handles are released; requests in flight still settle).
+ * Readers, admin (forks, snapshots, rm) and GC are the engine workload's.
+ */
+
+import type { ExportHandle } from '../../nbd/backend.js';
+import { VolumeExports, type OnHeld } from '../../src/exports.js';
+import type { Lease } from '../../src/lease/lease.js';
+import type { Volume } from '../../src/volume/volume.js';
+import { adminActor, clientOp, gcActor, readBack, readerActor, checkedRead } from './engine.js';
+import { Violation, type Session } from './model.js';
+import type { Actor, Live, Node, SimRun, Workload } from './run.js';
+import type { Rng } from './world.js';
+
+interface Conn { name: string; handle: ExportHandle; open: boolean }
+
+/** A host process's exports and the client connections on it. */
+class Served {
+  readonly exports: VolumeExports;
+  readonly conns = new Set<Conn>();
+  /** Open calls in progress per name (their issue stamps). */
+  readonly pending = new Map<string, number[]>();
+  readonly onHeld: OnHeld;
+  constructor(readonly run: SimRun, readonly node: Node) {
+    const rng = node.rng.derive('served');
+    this.onHeld = rng.pick(['refuse', 'wait', 'takeover'] as const);
+    this.exports = new VolumeExports(node.catalog('host'), {
+      readOnly: false,
+      idleGraceMs: rng.pick([200, 2000, 10_000]),
+      log: node.log,
+      lease: { manager: node.leases, hostId: node.hostId, onHeld: this.onHeld, waitMs: rng.pick([500, 3000, 3 * run.config.ttlMs]) },
+      world: node.proc,
+    });
+    this.exports.setDisconnector((name) => {
+      for (const c of this.conns) {
+        if (c.name !== name || !c.open) continue;
+        c.open = false;
+        run.note(`  ${node.proc.label}: the server disconnects a client of ${name}`);
+        c.handle.release();
+      }
+    });
+  }
+}
+
+const served = new WeakMap<Node, Served>();
+function servedOf(run: SimRun, node: Node): Served {
+  let s = served.get(node);
+  if (!s) { s = new Served(run, node); served.set(node, s); }
+  return s;
+}
+
+export const servedWorkload: Workload = {
+  actors(i: number): [string, Actor][] {
+    const a: [string, Actor][] = [['client-a', clientActor], ['client-b', clientActor], ['reader', readerActor]];
+    if (i === 0) a.push(['admin', adminActor]);
+    if (i === 0 || i === 2) a.push(['gc', gcActor]);
+    return a;
+  },
+  async finish(run: SimRun): Promise<void> {
+    // The servers shut down: every volume flushed, closed, its lease released.
+    await Promise.all([...run.nodes.values()].map(async (node) => {
+      const s = served.get(node);
+      if (!s || node.proc.dead) return;
+      await run.op(node, 'exports shutdown', () => s.exports.close()).catch((err) => run.expect(err, `${node.proc.label} exports shutdown`));
+    }));
+    // A volume that was fenced or closed lets go of its lease: nobody holds one now.
+    for (const l of run.live.values()) {
+      const h = run.leaseService.holderOf(l.name);
+      const node = [...run.nodes.values()].find((n) => n.hostId === h?.holder);
+      if (h && node && !node.proc.dead) run.fail(new Violation('lease-kept', `after every server shut down, ${h.holder} still holds the lease of ${l.name} (token ${h.token})`));
+    }
+  },
+};
+
+async function clientActor(run: SimRun, node: Node): Promise<void> {
+  const rng = node.rng.derive(`client-${Math.floor(node.rng.float() * 1e6)}`);
+  const s = servedOf(run, node);
+  await node.proc.sleep(rng.logUniform(1, 4000));
+  while (run.take(node, `client (${s.onHeld}): attach`)) {
+    const l = run.pick(rng, () => true);
+    if (!l) { await node.proc.sleep(2000); continue; }
+    l.users++;
+    try {
+      await connection(run, node, s, l, rng);
+    } finally {
+      l.users--;
+    }
+    await node.proc.sleep(rng.chance(0.3) ? rng.logUniform(1000, 30_000) : rng.logUniform(5, 1000));
+  }
+}
+
+/** The session of the model that a served Volume object belongs to (made when it is first seen). */
+function sessionOf(run: SimRun, node: Node, s: Served, l: Live, vol: Volume, issued: number): { session: Session; lease: Lease } | null {
+  const lease = node.leases.held(l.name);
+  if (!lease) return null;
+  let session = run.sessionsByVolume.get(vol);
+  if (!session) {
+    session = run.model.beginSession(l.vm, node.proc.label, vol.highestTokenSeen, issued);
+    run.sessionsByVolume.set(vol, session);
+    run.note(`  ${node.proc.label}: ${session.label} begins (served)`);
+  }
+  void s;
+  return { session, lease };
+}
+
+async function connection(run: SimRun, node: Node, s: Served, l: Live, rng: Rng): Promise<void> {
+  const what = `${node.proc.label} client of ${l.name}`;
+  const issued = run.model.stamp();
+  let pend = s.pending.get(l.name);
+  if (!pend) s.pending.set(l.name, pend = []);
+  pend.push(issued);
+  let handle: ExportHandle;
+  try {
+    handle = await run.op(node, `attach ${l.name}`, () => s.exports.open(l.name));
+  } catch (err) {
+    run.expect(err, `${what}: attach`, ['LEASE_HELD', 'SHUTDOWN', 'FENCED', 'LEASE_LOST', 'CORRUPT', 'NOT_FOUND', 'INVALID_ARGUMENT']);
+    return;
+  } finally {
+    pend.splice(pend.indexOf(issued), 1);
+  }
+  const conn: Conn = { name: l.name, handle, open: true };
+  s.conns.add(conn);
+  const since = Math.min(issued, ...pend);
+  try {
+    const vol = handle.backend as Volume;
+    if (handle.backend.readOnly) {
+      // A snapshot: reads of a fixed map.
+      for (let i = rng.int(1, 8); i > 0 && conn.open && run.take(node, `${what}: read`); i--) {
+        const off = rng.int(0, vol.size / 4096 - 1) * 4096;
+        await checkedRead(run, node, vol, null, off, 4096 * rng.int(1, Math.min(8, vol.size / 4096 - off / 4096)), () => run.model.stamp(), what, null, l.vm);
+      }
+      return;
+    }
+    const w = sessionOf(run, node, s, l, vol, since);
+    if (!w) { run.note(`  ${what}: attached, but this host holds no lease for it (already lost?)`); return; }
+    const { session, lease } = w;
+    const busy = new Set<number>();
+    if (rng.chance(0.6)) await readBack(run, node, vol, session, lease, rng, what);
+    for (let i = rng.int(1, 30); i > 0 && conn.open && !vol.isFenced && run.take(node, `${what}: request`); i--) {
+      await clientOp(run, node, vol, session, lease, rng, busy, what);
+      if (rng.chance(0.3)) await node.proc.sleep(rng.logUniform(1, 5000));
+    }
+  } finally {
+    s.conns.delete(conn);
+    if (conn.open) { conn.open = false; handle.release(); }
+  }
+}
