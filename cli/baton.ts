@@ -439,6 +439,7 @@ Examples:
       `${r.dryRun ? 'would delete' : 'deleted'} ${r.deletedObjects} objects (${formatSize(r.deletedBytes)}) marked by earlier runs${r.failedDeletes ? `; ${r.failedDeletes} deletes failed (a later run retries)` : ''}`,
       `${r.dryRun ? 'would mark' : 'marked'} ${r.markedObjects} unreferenced objects (${formatSize(r.markedBytes)}): a run ${formatDuration(r.graceMs)} or more from now deletes them if still unreferenced`,
       ...(r.youngUnreferenced ? [`${r.youngUnreferenced} unreferenced objects are younger than the grace period: left alone`] : []),
+      ...(r.awaitingMarkAge ? [`${r.awaitingMarkAge} unreferenced objects are named by a younger mark (an earlier run, or another host's): a later run deletes them`] : []),
     ].join('\n') + '\n');
   });
 

@@ -116,7 +116,9 @@ export class BackgroundMaintenance {
     let gc: GcResult | null = null;
     try {
       gc = await collectGarbage(this.catalog, { graceMs: this.opts.graceMs, log: this.opts.log });
-      this.pending = gc.markedObjects > 0 || gc.youngUnreferenced > 0;
+      // Work left: what this run marked, what an earlier (or another host's) mark names and
+      // waits to age, and what is too young to mark yet. Each needs a later run.
+      this.pending = gc.markedObjects > 0 || gc.awaitingMarkAge > 0 || gc.youngUnreferenced > 0;
     } catch (err) {
       this.pending = true;
       this.opts.log.warn({ err: errorMessage(err) }, 'background GC failed; nothing was deleted that should not be, trying again next pass');

@@ -110,6 +110,8 @@ export interface GcResult {
   deletedBytes: number;
   /** Unreferenced but younger than the grace (a commit or fork in flight, or just freed). */
   youngUnreferenced: number;
+  /** Candidates a younger mark already names: a later run deletes them once that mark is old. */
+  awaitingMarkAge: number;
   failedDeletes: number;
 }
 
@@ -236,7 +238,7 @@ export async function collectGarbage(catalog: StoreCatalog, opts: GcOptions = {}
 
   const result: GcResult = {
     dryRun, graceMs, records, objects: objects.length, storedBytes: 0, referencedObjects: 0, referencedBytes: 0,
-    markedObjects: 0, markedBytes: 0, deletedObjects: 0, deletedBytes: 0, youngUnreferenced: 0, failedDeletes: 0,
+    markedObjects: 0, markedBytes: 0, deletedObjects: 0, deletedBytes: 0, youngUnreferenced: 0, awaitingMarkAge: 0, failedDeletes: 0,
   };
   const candidates = new Map<string, number>();
   for (const o of objects) {
@@ -264,6 +266,7 @@ export async function collectGarbage(catalog: StoreCatalog, opts: GcOptions = {}
   });
   for (const [k, size] of candidates) if (marked.has(k)) deletable.push([k, size]);
   const toMark = [...candidates].filter(([k]) => !marked.has(k) && !pending.has(k));
+  result.awaitingMarkAge = [...candidates.keys()].filter((k) => !marked.has(k) && pending.has(k)).length;
   result.markedObjects = toMark.length;
   result.markedBytes = toMark.reduce((n, [, s]) => n + s, 0);
 
