@@ -42,6 +42,11 @@ export interface FuzzOptions {
   progressEveryMs?: number;
   /** Server limits (smaller than the defaults, so inputs reach them cheaply). */
   limits?: Partial<ServerLimits>;
+  /**
+   * How long the server keeps a volume open after its last client (default 3 s, so lanes
+   * reattach to an open volume; 0 makes every input open, recover and close it).
+   */
+  idleGraceMs?: number;
   /** Run the well-behaved client (default true). */
   victim?: boolean;
 }
@@ -103,10 +108,10 @@ class Server {
     child.on('exit', (code, signal) => { this.exited = `the server process exited (code ${code}, signal ${signal})`; for (const r of this.pending.values()) r({ exited: true }); this.pending.clear(); });
   }
 
-  static async start(world: World, inject: string | undefined): Promise<Server> {
+  static async start(world: World, inject: string | undefined, idleGraceMs: number): Promise<Server> {
     const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'baton-fuzz-'));
     const socket = path.join(dir, 'nbd.sock');
-    const cfg = { socket, world, idleGraceMs: 3000, gcIntervalMs: 2000, gcGraceMs: 1000, cacheBytes: 64 * MiB, ...(inject ? { inject } : {}) };
+    const cfg = { socket, world, idleGraceMs, gcIntervalMs: 2000, gcGraceMs: 1000, cacheBytes: 64 * MiB, ...(inject ? { inject } : {}) };
     const child = fork(path.join(here, 'server.js'), [JSON.stringify(cfg)], {
       // One GC thread: on a machine whose cores are shared, parallel GC helpers cost more CPU than they save.
       execArgv: ['--expose-gc', '--single-threaded-gc', ...(process.env.FUZZ_SERVER_NODE_ARGS ? process.env.FUZZ_SERVER_NODE_ARGS.split(' ') : []), ...(process.env.FUZZ_SERVER_PROF ? ['--cpu-prof', `--cpu-prof-dir=${process.env.FUZZ_SERVER_PROF}`] : [])],
@@ -187,7 +192,7 @@ function fromRecord(r: RecordedInput): Input {
   return { index: r.index, lane: r.lane, sends, stream, ending: r.ending, notes: r.notes };
 }
 
-/** Generate input `index` (retrying, with the same stream, when it would attach to an export its lane does not own). */
+/** Generate input `index` (retrying, with the same stream, when it would attach to an export its lane does not own, or reuse a cookie). */
 export function inputFor(seed: number, index: number, world: World): { input: Input; parsed: Parsed } {
   const lane = index % world.lanes;
   const rng = new Rng(seed, index);
@@ -195,7 +200,11 @@ export function inputFor(seed: number, index: number, world: World): { input: In
   for (let attempt = 0; ; attempt++) {
     const input = generate(rng, { world, index, lane });
     const parsed = parseInput(input, world);
-    if (!parsed.tx || own.has(parsed.tx.exp.name)) return { input, parsed };
+    // Two requests with one cookie (a byte mutation can make them): no client can tell their
+    // simple replies apart (a READ's carries data, the other's not), so neither can the oracle.
+    const cookies = parsed.events.flatMap((e) => (e.k === 'req' ? [e.req.cookieHex] : []));
+    const unique = new Set(cookies).size === cookies.length;
+    if (unique && (!parsed.tx || own.has(parsed.tx.exp.name))) return { input, parsed };
     if (attempt > 50) throw new Error(`input ${index}: could not generate one that stays on its lane's volumes`);
   }
 }
@@ -350,7 +359,7 @@ export async function runFuzz(opts: FuzzOptions): Promise<FuzzReport> {
   const timeoutMs = opts.timeoutMs ?? 15_000;
   const maxFailures = opts.maxFailures ?? 1;
   const log = opts.log ?? ((): void => {});
-  const server = await Server.start(world, opts.inject);
+  const server = await Server.start(world, opts.inject, opts.idleGraceMs ?? 3000);
   const models = new Map<string, ContentModel>();
   for (let i = 0; i < lanes; i++) models.set(laneVolume(i), new ContentModel(world.laneSize));
   models.set(world.roName, new ContentModel(world.roSize, (o, l) => roPattern(o, l, world.roSize)));

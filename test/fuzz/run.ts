@@ -1,5 +1,5 @@
 /**
- * `npm run fuzz -- [--inputs N] [--seed S] [--lanes L] [--only I] [--dump I [--save FILE]] [--replay FILE] [--timeout-ms T] [--inject FAULT] [--max-failures K] [--json]`
+ * `npm run fuzz -- [--inputs N] [--seed S] [--lanes L] [--only I] [--dump I [--save FILE]] [--replay FILE] [--timeout-ms T] [--idle-grace-ms G] [--inject FAULT] [--max-failures K] [--json]`
  *
  * Runs the NBD protocol fuzzer (test/fuzz/fuzzer.ts) against a fresh server and prints what
  * it found; exit code 1 if anything failed. Without --seed a random seed is chosen and
@@ -31,7 +31,7 @@ function num(m: Map<string, string>, k: string, dflt?: number): number | undefin
 
 async function main(): Promise<void> {
   const a = args(process.argv.slice(2));
-  const known = new Set(['inputs', 'seed', 'lanes', 'only', 'dump', 'save', 'replay', 'timeout-ms', 'inject', 'max-failures', 'json', 'quiet']);
+  const known = new Set(['inputs', 'seed', 'lanes', 'only', 'dump', 'save', 'replay', 'timeout-ms', 'idle-grace-ms', 'inject', 'max-failures', 'json', 'quiet']);
   for (const k of a.keys()) if (!known.has(k)) throw new Error(`unknown option --${k} (known: ${[...known].map((x) => `--${x}`).join(' ')})`);
   const seed = num(a, 'seed') ?? freshSeed();
   const lanes = num(a, 'lanes', 4)!;
@@ -56,6 +56,7 @@ async function main(): Promise<void> {
     ...(only !== undefined ? { only } : {}),
     ...(inject ? { inject } : {}),
     ...(timeoutMs !== undefined ? { timeoutMs } : {}),
+    ...(a.has('idle-grace-ms') ? { idleGraceMs: num(a, 'idle-grace-ms')! } : {}),
     log: quiet ? () => {} : (l) => console.error(l),
   });
   if (a.has('json')) {
