@@ -18,11 +18,11 @@ export async function storeObjectBytes(store: string, prefix = 'vol/'): Promise<
   }
 }
 
-export interface GcJson { deletedObjects: number; deletedBytes: number; markedObjects: number; youngUnreferenced: number; storedBytes: number; referencedBytes: number; compacted?: { name: string; result?: { rewrittenBytes: number; objects: number }; skipped?: string }[] }
+export interface GcJson { deletedObjects: number; deletedBytes: number; markedObjects: number; youngUnreferenced: number; awaitingMarkAge?: number; storedBytes: number; referencedBytes: number; compacted?: { name: string; result?: { rewrittenBytes: number; objects: number }; skipped?: string }[] }
 
 /**
- * `baton gc --json` every grace period until a run marks nothing and finds nothing young
- * (everything freed is deleted). `firstRun` goes to the first run only (e.g. --compact);
+ * `baton gc --json` every grace period until a run marks nothing, finds nothing young and has
+ * nothing awaiting its mark's age (everything freed is deleted). `firstRun` goes to the first run only (e.g. --compact);
  * `storeArgs` and `env` to every run (S3 endpoint and credentials).
  */
 export async function gcUntilQuiet(store: string, o: { firstRun?: string[]; storeArgs?: string[]; env?: Record<string, string>; maxRuns?: number } = {}): Promise<GcJson[]> {
@@ -33,7 +33,9 @@ export async function gcUntilQuiet(store: string, o: { firstRun?: string[]; stor
     if (r.code !== 0) throw new Error(`baton gc exited ${r.code ?? r.signal}: ${r.output}`);
     const j = JSON.parse(r.stdout) as GcJson;
     runs.push(j);
-    if (i > 0 && j.markedObjects === 0 && j.youngUnreferenced === 0) break;
+    // A candidate named by a younger mark (an earlier run's) is not re-marked: markedObjects is 0
+    // while it ages, so the loop goes on until nothing awaits its mark's age either.
+    if (i > 0 && j.markedObjects === 0 && j.youngUnreferenced === 0 && !j.awaitingMarkAge) break;
     await new Promise((res) => setTimeout(res, 2200));
   }
   return runs;
