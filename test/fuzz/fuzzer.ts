@@ -150,6 +150,8 @@ const STEADY_GROWTH = 192 * MiB;
 /** Stalled handshakes running beside the lanes at once. */
 const MAX_STALLS = 16;
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
+/** Resolves at the deadline; unref'd, so a race it lost does not keep the process alive. */
+const until = (deadline: number): Promise<void> => new Promise((r) => setTimeout(r, Math.max(0, deadline - Date.now())).unref());
 const turn = (): Promise<void> => new Promise((r) => setImmediate(r));
 
 export function replayCommands(seed: number, lanes: number, index: number): string[] {
@@ -291,7 +293,7 @@ async function execute(input: Input, parsed: Parsed, env: ExecEnv): Promise<void
       sent += s.bytes.length;
       if (s.pauseReadMs) { conn.sock.pause(); await sleep(s.pauseReadMs); conn.sock.resume(); }
       if (s.waitAfter) {
-        await Promise.race([checker.waitThrough(sent), checking.catch(() => {}), sleep(Math.max(0, deadline - Date.now()))]);
+        await Promise.race([checker.waitThrough(sent), checking.catch(() => {}), until(deadline)]);
         applyThrough(burst);
         burst++;
       }
@@ -299,7 +301,7 @@ async function execute(input: Input, parsed: Parsed, env: ExecEnv): Promise<void
     if (ending === 'end') conn.end();
     else if (ending === 'destroy-now') conn.destroy();
     else if (ending === 'destroy-after') {
-      await Promise.race([checker.waitThrough(totalBytes), checking.catch(() => {}), sleep(Math.max(0, deadline - Date.now()))]);
+      await Promise.race([checker.waitThrough(totalBytes), checking.catch(() => {}), until(deadline)]);
       conn.destroy();
     }
     await checking;
