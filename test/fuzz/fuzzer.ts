@@ -71,6 +71,8 @@ export interface FuzzReport {
   victim: { sessions: number; requests: number; maxSessionMs: number };
   memory: { baselineOther: number; maxSteadyOther: number; peakOther: number; peakRss: number; maxRss: number; storeBytes: number; probes: number };
   serverLog: Record<string, number>;
+  /** Log lines other than the expected protocol-error warning (first 50). */
+  serverLogSamples: string[];
   stalls: number;
   modelKnown: number[];
   /** CPU time of the fuzzer and of the server process (the machine-independent cost). */
@@ -525,6 +527,7 @@ export async function runFuzz(opts: FuzzOptions): Promise<FuzzReport> {
   }
   return {
     seed: opts.seed, lanes, inputs: done, seconds, inputsPerSecond: done / seconds, failures, stats, victim, memory, serverLog, stalls,
+    serverLogSamples: (stopped?.logSamples as string[] | undefined) ?? [],
     modelKnown: [...models.values()].map((m) => m.knownFraction()),
     cpu: { fuzzerMs: (cpu1.user + cpu1.system) / 1000, serverMs: serverCpu1 - serverCpu0 },
   };
