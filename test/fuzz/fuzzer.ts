@@ -71,6 +71,8 @@ export interface FuzzReport {
   victim: { sessions: number; requests: number; maxSessionMs: number };
   memory: { baselineOther: number; maxSteadyOther: number; peakOther: number; peakRss: number; maxRss: number; storeBytes: number; probes: number };
   serverLog: Record<string, number>;
+  /** Log lines other than the expected protocol-error warning (first 50). */
+  serverLogSamples: string[];
   stalls: number;
   modelKnown: number[];
   /** CPU time of the fuzzer and of the server process (the machine-independent cost). */
@@ -150,6 +152,8 @@ const STEADY_GROWTH = 192 * MiB;
 /** Stalled handshakes running beside the lanes at once. */
 const MAX_STALLS = 16;
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
+/** Resolves at the deadline; unref'd, so a race it lost does not keep the process alive. */
+const until = (deadline: number): Promise<void> => new Promise((r) => setTimeout(r, Math.max(0, deadline - Date.now())).unref());
 const turn = (): Promise<void> => new Promise((r) => setImmediate(r));
 
 export function replayCommands(seed: number, lanes: number, index: number): string[] {
@@ -291,7 +295,7 @@ async function execute(input: Input, parsed: Parsed, env: ExecEnv): Promise<void
       sent += s.bytes.length;
       if (s.pauseReadMs) { conn.sock.pause(); await sleep(s.pauseReadMs); conn.sock.resume(); }
       if (s.waitAfter) {
-        await Promise.race([checker.waitThrough(sent), checking.catch(() => {}), sleep(Math.max(0, deadline - Date.now()))]);
+        await Promise.race([checker.waitThrough(sent), checking.catch(() => {}), until(deadline)]);
         applyThrough(burst);
         burst++;
       }
@@ -299,7 +303,7 @@ async function execute(input: Input, parsed: Parsed, env: ExecEnv): Promise<void
     if (ending === 'end') conn.end();
     else if (ending === 'destroy-now') conn.destroy();
     else if (ending === 'destroy-after') {
-      await Promise.race([checker.waitThrough(totalBytes), checking.catch(() => {}), sleep(Math.max(0, deadline - Date.now()))]);
+      await Promise.race([checker.waitThrough(totalBytes), checking.catch(() => {}), until(deadline)]);
       conn.destroy();
     }
     await checking;
@@ -523,6 +527,7 @@ export async function runFuzz(opts: FuzzOptions): Promise<FuzzReport> {
   }
   return {
     seed: opts.seed, lanes, inputs: done, seconds, inputsPerSecond: done / seconds, failures, stats, victim, memory, serverLog, stalls,
+    serverLogSamples: (stopped?.logSamples as string[] | undefined) ?? [],
     modelKnown: [...models.values()].map((m) => m.knownFraction()),
     cpu: { fuzzerMs: (cpu1.user + cpu1.system) / 1000, serverMs: serverCpu1 - serverCpu0 },
   };

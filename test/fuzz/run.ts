@@ -74,6 +74,7 @@ async function main(): Promise<void> {
     console.log(`option replies: ${opts.map(([k, n]) => `${k}=${n}`).join(' ')}`);
     const warn = Object.entries(report.serverLog);
     if (warn.length) console.log(`server log: ${warn.map(([k, n]) => `${n}× ${k}`).join('; ')}`);
+    for (const l of report.serverLogSamples) console.log(`  ${l}`);
   }
   for (const f of report.failures) console.log(formatFailure(f));
   console.log(report.failures.length === 0 ? 'no failures' : `${report.failures.length} failure(s)`);

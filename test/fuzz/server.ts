@@ -74,8 +74,8 @@ const logSink = new Writable({
         const o = JSON.parse(line) as { level: number; msg: string; err?: string };
         const key = `${o.level >= 50 ? 'error' : 'warn'}: ${o.msg}`;
         logCounts.set(key, (logCounts.get(key) ?? 0) + 1);
-        if (logSamples.length < 50 && o.level >= 50) logSamples.push(line.slice(0, 500));
-        if (logSamples.length < 50 && o.msg === 'request failed') logSamples.push(line.slice(0, 500));
+        // A sample of everything but the warning every malformed client causes.
+        if (logSamples.length < 50 && o.msg !== 'closing connection after protocol error') logSamples.push(line.slice(0, 500));
       } catch { /* not JSON */ }
     }
     cb();
