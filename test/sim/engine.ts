@@ -39,7 +39,11 @@ async function writerActor(run: SimRun, node: Node): Promise<void> {
   const rng = node.rng.derive('writer');
   await node.proc.sleep(rng.logUniform(1, 3000));
   while (run.take(node, 'writer: next session')) {
-    const l = run.pick(rng, (x) => x.vm.kind === 'volume');
+    // Often the volume another host holds (a user who reattaches elsewhere after the first
+    // host hung): the session then waits for the lease and takes over.
+    const contended = rng.chance(0.4);
+    const l = (contended ? run.pick(rng, (x) => x.vm.kind === 'volume' && (run.leaseService.holderOf(x.name)?.holder ?? node.hostId) !== node.hostId) : null)
+      ?? run.pick(rng, (x) => x.vm.kind === 'volume');
     if (!l) { await node.proc.sleep(2000); continue; }
     l.users++;
     try {
@@ -56,7 +60,7 @@ async function openWriter(run: SimRun, node: Node, l: Live, rng: Rng): Promise<{
   const what = `${node.proc.label} writer ${l.name}`;
   let lease: Lease;
   try {
-    lease = await run.op(node, `acquire ${l.name}`, () => node.leases.acquire(l.name, node.hostId, { waitMs: rng.chance(0.5) ? 0 : rng.int(500, 3 * run.config.ttlMs) }));
+    lease = await run.op(node, `acquire ${l.name}`, () => node.leases.acquire(l.name, node.hostId, { waitMs: rng.chance(0.4) ? 0 : rng.int(500, 4 * run.config.ttlMs) }));
   } catch (err) {
     run.expect(err, `${what}: acquire`, ['LEASE_HELD']);
     return null;
@@ -91,7 +95,7 @@ async function openWriter(run: SimRun, node: Node, l: Live, rng: Rng): Promise<{
     // A volume whose open or takeover failed writes nothing (as exports.ts closeEngine does).
     if (vol) { vol.fenceLocally('the takeover failed'); await vol.close().catch(() => {}); }
     await lease.release().catch(() => {});
-    run.expect(err, `${what}: open`, ['LEASE_HELD', 'FENCED', 'CORRUPT', 'NOT_FOUND']);
+    run.expect(err, `${what}: open`, ['LEASE_HELD', 'LEASE_LOST', 'FENCED', 'CORRUPT', 'NOT_FOUND']);
     return null;
   }
 }
@@ -105,7 +109,7 @@ async function writerSession(run: SimRun, node: Node, l: Live, rng: Rng): Promis
   const what = `${node.proc.label} ${session.label}`;
   try {
     const busy = new Set<number>();
-    let left = rng.int(2, 40);
+    let left = rng.chance(0.3) ? rng.int(0, 2) : rng.int(2, 40);
     if (rng.chance(0.8)) await readBack(run, node, vol, session, lease, rng, what);
     const client = async (c: number): Promise<void> => {
       while (left-- > 0 && !vol.isFenced && lease.validUntil() > node.proc.now() && run.take(node, `${session.label} client ${c}`)) {
@@ -467,7 +471,7 @@ export async function gcActor(run: SimRun, node: Node): Promise<void> {
       // "cannot compute what X needs (...); nothing was deleted": a store error while it looked.
       if (!(err instanceof BatonError) && err instanceof Error && /nothing was deleted/.test(err.message)) { run.count('gcAborted'); run.note(`  gc: ${errorMessage(err).slice(0, 160)}`); } else run.expect(err, `${node.proc.label} gc`);
     }
-    await node.proc.sleep(rng.logUniform(500, 6 * M));
+    await node.proc.sleep(rng.logUniform(300, 3 * M));
   }
 }
 

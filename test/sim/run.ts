@@ -65,7 +65,7 @@ export const KNOWN_F1 = 'known-F1-late-undo-delete';
 export const KNOWN_OPEN: readonly string[] = [KNOWN_F1];
 
 /** The time bound of GC's argument (M) and the grace (G = 2M), virtual ms. */
-export const M = 4000;
+export const M = 2000;
 
 /** An operation still pending this long (virtual) waits forever. */
 const OP_LIMIT_MS = 30 * 60 * 1000;
@@ -84,6 +84,8 @@ export interface Config {
   /** Mean gap between injected faults (pauses, crashes, outages), virtual ms. */
   faultGapMs: number;
   maxVolumes: number;
+  /** Probability that a host stops for a long while right before a store request. */
+  pauseBeforeSend: number;
   /** Each process picks its own checkpoint interval (hosts configured differently). */
   mixedCheckpoints: boolean;
 }
@@ -117,10 +119,11 @@ function drawConfig(rng: Rng, on: (c: ClassName) => boolean): Config {
       timeoutMs: 500,
     },
     ttlMs: rng.pick([1500, 3000, 5000]),
-    retries: on('retries') && rng.chance(0.7) ? { attempts: rng.pick([2, 4, 6]), baseDelayMs: 50, maxDelayMs: rng.pick([500, 2000]) } : null,
+    retries: on('retries') && rng.chance(0.85) ? { attempts: rng.pick([2, 4, 6]), baseDelayMs: 50, maxDelayMs: rng.pick([500, 2000]) } : null,
     faultGapMs: rng.pick([2000, 8000, 30_000]),
     maxVolumes: rng.int(2, 6),
     mixedCheckpoints: rng.chance(0.5),
+    pauseBeforeSend: on('pauses') ? rng.pick([0, 0.0005, 0.002, 0.005]) : 0,
   };
 }
 
@@ -253,6 +256,7 @@ export class SimRun {
     this.server = new SimStoreServer(this.sim);
     this.server.onViolation = (msg) => this.fail(new Violation('gc-deleted-needed', msg));
     this.server.outsidePromise = (proc) => this.outsidePromise(proc);
+    this.server.pauseBeforeSend = (proc, what, commitPoint) => this.pauseBeforeSend(proc, what, commitPoint);
     if (opts.verbose) this.server.traceApply = (line) => this.note(line);
     this.leaseService = new SimLeaseService(this.sim, this.config.ttlMs);
     this.leaseService.onGrant = (name, token) => this.granted(name, token);
@@ -466,7 +470,7 @@ export class SimRun {
           this.count('pauses');
           this.note(`FAULT ${host.name} paused for ${Math.round(ms)} ms`);
           this.sim.after(ms, () => { if (host.state === 'paused') { host.resume(); this.note(`FAULT ${host.name} resumed`); } });
-        } else if (kind === 'crashes' && host.state !== 'down') {
+        } else if (kind === 'crashes' && host.state === 'up') {
           host.crash();
           this.count('crashes');
           const ms = rng.logUniform(200, 20_000);
@@ -492,6 +496,25 @@ export class SimRun {
       });
     };
     next();
+  }
+
+  private pauseRng: Rng | null = null;
+
+  /**
+   * See SimStoreServer.pauseBeforeSend: a long stop of the host, right before a request; ten
+   * times as likely before a create-only put (a commit point: where a stall makes a stale writer).
+   */
+  private pauseBeforeSend(proc: Proc, what: string, commitPoint: boolean): boolean {
+    const p = this.config.pauseBeforeSend * (commitPoint ? 10 : 1);
+    this.pauseRng ??= this.sim.rng.derive('pause-before-send');
+    if (p === 0 || this.healed || this.stopping || proc.host.state !== 'up' || !this.hosts.includes(proc.host) || !this.pauseRng.chance(p)) return false;
+    const host = proc.host;
+    const ms = this.pauseRng.logUniform(5 * M, 60 * M);
+    host.pause();
+    this.count('pausesBeforeSend');
+    this.note(`FAULT ${host.name} paused for ${Math.round(ms)} ms just before sending: ${what}`);
+    this.sim.after(ms, () => { if (host.state === 'paused') { host.resume(); this.note(`FAULT ${host.name} resumed`); } });
+    return true;
   }
 
   /** Everything heals: no more faults, every host resumes, the store and lease service answer. */

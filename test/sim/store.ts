@@ -55,7 +55,7 @@ export type Role = 'gc' | 'admin' | 'host';
 export type Tag = 'data' | 'meta';
 
 interface Entry { body: Buffer; metadata: Record<string, string>; lastModified: Date; etag: string }
-interface Deletion { by: Role; who: string; at: number }
+interface Deletion { by: Role; who: string; at: number; putId: string | undefined }
 
 export interface StoreStats {
   requests: number;
@@ -68,6 +68,8 @@ export interface StoreStats {
   recreated: number;
   /** ... of them log records that GC had deleted (stale writers at freed positions). */
   recreatedLog: number;
+  /** ... whose record is another one than GC deleted there (a stale writer's: the case of 9.2). */
+  staleRecordAtFreedPosition: number;
   /** Checkpoints put over an existing one (never, while checkpoints are create-only). */
   checkpointReplaced: number;
   deletedByGc: number;
@@ -92,7 +94,7 @@ export class SimStoreServer {
   readonly lateRecordPuts = new Set<string>();
   private etag = 0;
   readonly stats: StoreStats = {
-    requests: 0, failedBefore: 0, lostReplies: 0, noReplies: 0, slow: 0, refused: 0, recreated: 0, recreatedLog: 0, checkpointReplaced: 0, deletedByGc: 0, toleratedMetaReads: 0, gcReadsOfRemoved: 0,
+    requests: 0, failedBefore: 0, lostReplies: 0, noReplies: 0, slow: 0, refused: 0, recreated: 0, recreatedLog: 0, staleRecordAtFreedPosition: 0, checkpointReplaced: 0, deletedByGc: 0, toleratedMetaReads: 0, gcReadsOfRemoved: 0,
   };
   /** Set by the runner: a GC promise broken. */
   onViolation: (msg: string) => void = () => {};
@@ -103,6 +105,12 @@ export class SimStoreServer {
    */
   outsidePromise: (proc: Proc) => string | null = () => null;
   readonly tolerated: string[] = [];
+  /**
+   * Set by the runner: called as a request is about to be sent; true if the host was paused
+   * right there (the request then leaves when the host resumes). A process stopped between
+   * its last check and its next request is the stale writer of 9.2.
+   */
+  pauseBeforeSend: (proc: Proc, what: string, commitPoint: boolean) => boolean = () => false;
   /** With --verbose: every request as it is applied (and its fate). */
   traceApply: ((line: string) => void) | null = null;
   /** Hosts cut off from the store, and how: refused at once, or black-holed (timeouts). */
@@ -155,7 +163,10 @@ export class SimStoreServer {
       this.deleted.delete(key);
       this.stats.recreated++;
       // A log position GC freed, taken again (a stale writer: what "the log is a chain" is for).
-      if (key.includes('/log/') && gone.by === 'gc') this.stats.recreatedLog++;
+      if (key.includes('/log/') && gone.by === 'gc') {
+        this.stats.recreatedLog++;
+        if (o?.metadata?.['baton-put-id'] !== gone.putId) this.stats.staleRecordAtFreedPosition++;
+      }
       this.traceApply?.(`store: ${key} re-created after ${gone.who} (${gone.by}) deleted it`);
     }
     if (key.includes('/checkpoint/') && this.objects.has(key)) this.stats.checkpointReplaced++;
@@ -168,10 +179,11 @@ export class SimStoreServer {
     if (!waiting && key.startsWith('volumes/') && this.objects.has(key) && (this.putAt.get(key) ?? -1) > sentAt) {
       this.lateRecordDeletes.add(key.slice('volumes/'.length));
     }
+    const putId = this.objects.get(key)?.metadata['baton-put-id'];
     const existed = this.objects.delete(key);
     if (existed) this.sorted.splice(this.lowerBound(key), 1);
     if (existed && key.startsWith('vol/')) {
-      this.deleted.set(key, { by: role, who, at: this.sim.now });
+      this.deleted.set(key, { by: role, who, at: this.sim.now, putId });
       if (role === 'gc') this.stats.deletedByGc++;
     }
   }
@@ -229,7 +241,7 @@ export class SimStoreClient implements ObjectStore {
    * One request: its fate is drawn when it is sent; `apply` runs at the server, atomically;
    * the reply is a timer of the sending process.
    */
-  private request<T>(what: string, apply: (waiting: boolean) => T): Promise<T> {
+  private request<T>(what: string, apply: (waiting: boolean) => T, commitPoint = false): Promise<T> {
     const proc = this.proc;
     const server = this.server;
     const sim = server.sim;
@@ -238,6 +250,17 @@ export class SimStoreClient implements ObjectStore {
     st.requests++;
     return new Promise<T>((resolve, reject) => {
       if (proc.dead) return;
+      if (server.pauseBeforeSend(proc, what, commitPoint)) proc.setTimeout(() => this.send(what, apply, f, resolve, reject), 0);
+      else this.send(what, apply, f, resolve, reject);
+    });
+  }
+
+  private send<T>(what: string, apply: (waiting: boolean) => T, f: StoreFaults, resolve: (v: T) => void, reject: (e: unknown) => void): void {
+    const proc = this.proc;
+    const server = this.server;
+    const sim = server.sim;
+    const st = server.stats;
+    {
       let settled = false;
       const settle = (fn: () => void): void => { if (!settled) { settled = true; fn(); } };
       const timer = proc.setTimeout(() => settle(() => reject(new TimeoutError(`${what}: no answer within ${f.timeoutMs} ms from ${this.description}`))), f.timeoutMs);
@@ -273,7 +296,7 @@ export class SimStoreClient implements ObjectStore {
         if (fate === 'lostReply') { st.lostReplies++; reply(new StoreUnavailableError(`${what}: connection reset by ${this.description} (the request was sent)`)); return; }
         reply(err, value);
       });
-    });
+    }
   }
 
   get(key: string, range?: ByteRange): Promise<Buffer> {
@@ -300,7 +323,7 @@ export class SimStoreClient implements ObjectStore {
     // The bytes as sent: a caller reusing its buffer afterwards cannot change them.
     const copy = Buffer.from(body);
     const o: PutOptions = { ...options, ...(options?.metadata ? { metadata: { ...options.metadata } } : {}) };
-    return this.request(`put ${key}`, (waiting) => this.server.put(key, copy, o, waiting));
+    return this.request(`put ${key}`, (waiting) => this.server.put(key, copy, o, waiting), o.ifNoneMatch === true);
   }
 
   delete(key: string): Promise<void> {
