@@ -16,7 +16,7 @@
  * Every read is checked against the model; every ack is recorded as evidence.
  */
 
-import { BatonError, errorMessage } from '../../src/errors.js';
+import { BatonError, LeaseLostError, errorMessage } from '../../src/errors.js';
 import type { Lease } from '../../src/lease/lease.js';
 import { collectGarbage } from '../../src/volume/gc.js';
 import { StaleTokenError, Volume } from '../../src/volume/volume.js';
@@ -85,6 +85,9 @@ async function openWriter(run: SimRun, node: Node, l: Live, rng: Rng): Promise<{
       }
     }
     const held = lease;
+    // As exports.ts does (stillOpening): a lease that ran out while we recovered and took over
+    // (a long pause) means somebody else may hold the volume: this open is void.
+    if (!(held.validUntil() > node.proc.now())) throw new LeaseLostError(`the lease of ${l.name} ran out while it was being opened`);
     v.setWriteDeadline(() => held.validUntil());
     held.onLost((reason) => { run.note(`  ${what}: lease lost (${reason})`); v.fenceLocally(`lease lost: ${reason}`); });
     const session = run.model.beginSession(l.vm, node.proc.label, held.token, issued);
@@ -259,7 +262,7 @@ async function ownRead(run: SimRun, node: Node, vol: Volume, s: Session, lease: 
 /** The whole volume, in pieces (after a takeover: what the new holder recovered). */
 export async function readBack(run: SimRun, node: Node, vol: Volume, s: Session, lease: Lease, rng: Rng, what: string): Promise<void> {
   const chunk = rng.pick([4, 16]) * BLOCK;
-  for (let off = 0; off < vol.size; off += chunk) {
+  for (let off = 0; off < vol.size && !vol.isFenced && lease.validUntil() > node.proc.now(); off += chunk) {
     if (!(await checkedRead(run, node, vol, s, off, Math.min(chunk, vol.size - off), () => run.model.stamp(), `${what} read-back`, lease))) return;
   }
 }
@@ -273,6 +276,7 @@ export async function checkedRead(
 ): Promise<boolean> {
   const into = Buffer.alloc(len, 0xee);
   const l = lo();
+  const past = lease && !(lease.validUntil() > node.proc.now()) ? `by a holder whose lease deadline had passed (${Math.round(node.proc.now() - lease.validUntil())} ms ago)` : null;
   const desc = `${what}: read [${off}, ${off + len})`;
   try {
     await run.op(node, desc, () => vol.read(off, len, into), { read: true, lease });
@@ -282,7 +286,12 @@ export async function checkedRead(
     run.count('failedReads');
     return false;
   }
-  run.model.checkRead(vm!, owner, off, into, l, run.model.stamp(), `${node.proc.label}${owner ? ' (writer)' : ''}`);
+  run.staleHolderRead = past;
+  try {
+    run.model.checkRead(vm!, owner, off, into, l, run.model.stamp(), `${node.proc.label}${owner ? ' (writer)' : ''}`);
+  } finally {
+    run.staleHolderRead = null;
+  }
   run.count('reads');
   return true;
 }

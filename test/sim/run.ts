@@ -62,7 +62,9 @@ export interface RunResult {
  * a run ending in one of these checks is a known finding, not a new one.
  */
 export const KNOWN_F1 = 'known-F1-late-undo-delete';
-export const KNOWN_OPEN: readonly string[] = [KNOWN_F1];
+/** F2: a holder past its lease deadline still answers reads (from its map, maybe stale). */
+export const KNOWN_F2 = 'known-F2-read-after-lease-deadline';
+export const KNOWN_OPEN: readonly string[] = [KNOWN_F1, KNOWN_F2];
 
 /** The time bound of GC's argument (M) and the grace (G = 2M), virtual ms. */
 export const M = 2000;
@@ -284,8 +286,14 @@ export class SimRun {
     if (this.trace.length > 20_000) this.trace.splice(0, 10_000);
   }
 
+  /** Set while a read issued by a holder past its lease deadline is checked (F2). */
+  staleHolderRead: string | null = null;
+
   fail(v: Violation): void {
     if (this.violation) return;
+    if (this.staleHolderRead !== null && !KNOWN_OPEN.includes(v.check)) {
+      v = new Violation(KNOWN_F2, `${v.message} [the read was issued ${this.staleHolderRead}]`);
+    }
     // The final verification of a run in which a catalog request of an undone fork attempt
     // landed late (F1) cannot tell F1's damage from another cause: it is reported as F1.
     const late = [...this.server.lateRecordDeletes, ...this.server.lateRecordPuts];
