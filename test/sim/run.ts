@@ -110,8 +110,8 @@ function drawConfig(rng: Rng, on: (c: ClassName) => boolean): Config {
       failBefore: on('errors') ? rng.pick([0.003, 0.02, 0.06]) : 0,
       lostReply: on('ambiguous') ? rng.pick([0.003, 0.01, 0.03]) : 0,
       noReply: on('ambiguous') ? rng.pick([0, 0.002, 0.01]) : 0,
-      slow: on('slow') ? rng.pick([0.002, 0.01, 0.03, 0.08]) : 0,
-      timeoutMs: rng.pick([2000, 10_000, 30_000]),
+      slow: on('slow') ? rng.pick([0.001, 0.005, 0.02]) : 0,
+      timeoutMs: rng.pick([1000, 3000, 10_000]),
       pageSize: rng.pick([2, 5, 1000]),
     },
     lease: {
