@@ -16,7 +16,7 @@
  * Every read is checked against the model; every ack is recorded as evidence.
  */
 
-import { BatonError, errorMessage } from '../../src/errors.js';
+import { BatonError, LeaseLostError, errorMessage } from '../../src/errors.js';
 import type { Lease } from '../../src/lease/lease.js';
 import { collectGarbage } from '../../src/volume/gc.js';
 import { StaleTokenError, Volume } from '../../src/volume/volume.js';
@@ -39,7 +39,11 @@ async function writerActor(run: SimRun, node: Node): Promise<void> {
   const rng = node.rng.derive('writer');
   await node.proc.sleep(rng.logUniform(1, 3000));
   while (run.take(node, 'writer: next session')) {
-    const l = run.pick(rng, (x) => x.vm.kind === 'volume');
+    // Often the volume another host holds (a user who reattaches elsewhere after the first
+    // host hung): the session then waits for the lease and takes over.
+    const contended = rng.chance(0.4);
+    const l = (contended ? run.pick(rng, (x) => x.vm.kind === 'volume' && (run.leaseService.holderOf(x.name)?.holder ?? node.hostId) !== node.hostId) : null)
+      ?? run.pick(rng, (x) => x.vm.kind === 'volume');
     if (!l) { await node.proc.sleep(2000); continue; }
     l.users++;
     try {
@@ -56,7 +60,7 @@ async function openWriter(run: SimRun, node: Node, l: Live, rng: Rng): Promise<{
   const what = `${node.proc.label} writer ${l.name}`;
   let lease: Lease;
   try {
-    lease = await run.op(node, `acquire ${l.name}`, () => node.leases.acquire(l.name, node.hostId, { waitMs: rng.chance(0.5) ? 0 : rng.int(500, 3 * run.config.ttlMs) }));
+    lease = await run.op(node, `acquire ${l.name}`, () => node.leases.acquire(l.name, node.hostId, { waitMs: rng.chance(0.4) ? 0 : rng.int(500, 4 * run.config.ttlMs) }));
   } catch (err) {
     run.expect(err, `${what}: acquire`, ['LEASE_HELD']);
     return null;
@@ -81,6 +85,9 @@ async function openWriter(run: SimRun, node: Node, l: Live, rng: Rng): Promise<{
       }
     }
     const held = lease;
+    // As exports.ts does (stillOpening): a lease that ran out while we recovered and took over
+    // (a long pause) means somebody else may hold the volume: this open is void.
+    if (!(held.validUntil() > node.proc.now())) throw new LeaseLostError(`the lease of ${l.name} ran out while it was being opened`);
     v.setWriteDeadline(() => held.validUntil());
     held.onLost((reason) => { run.note(`  ${what}: lease lost (${reason})`); v.fenceLocally(`lease lost: ${reason}`); });
     const session = run.model.beginSession(l.vm, node.proc.label, held.token, issued);
@@ -91,7 +98,7 @@ async function openWriter(run: SimRun, node: Node, l: Live, rng: Rng): Promise<{
     // A volume whose open or takeover failed writes nothing (as exports.ts closeEngine does).
     if (vol) { vol.fenceLocally('the takeover failed'); await vol.close().catch(() => {}); }
     await lease.release().catch(() => {});
-    run.expect(err, `${what}: open`, ['LEASE_HELD', 'FENCED', 'CORRUPT', 'NOT_FOUND']);
+    run.expect(err, `${what}: open`, ['LEASE_HELD', 'LEASE_LOST', 'FENCED', 'CORRUPT', 'NOT_FOUND']);
     return null;
   }
 }
@@ -105,7 +112,7 @@ async function writerSession(run: SimRun, node: Node, l: Live, rng: Rng): Promis
   const what = `${node.proc.label} ${session.label}`;
   try {
     const busy = new Set<number>();
-    let left = rng.int(2, 40);
+    let left = rng.chance(0.3) ? rng.int(0, 2) : rng.int(2, 40);
     if (rng.chance(0.8)) await readBack(run, node, vol, session, lease, rng, what);
     const client = async (c: number): Promise<void> => {
       while (left-- > 0 && !vol.isFenced && lease.validUntil() > node.proc.now() && run.take(node, `${session.label} client ${c}`)) {
@@ -255,7 +262,7 @@ async function ownRead(run: SimRun, node: Node, vol: Volume, s: Session, lease: 
 /** The whole volume, in pieces (after a takeover: what the new holder recovered). */
 export async function readBack(run: SimRun, node: Node, vol: Volume, s: Session, lease: Lease, rng: Rng, what: string): Promise<void> {
   const chunk = rng.pick([4, 16]) * BLOCK;
-  for (let off = 0; off < vol.size; off += chunk) {
+  for (let off = 0; off < vol.size && !vol.isFenced && lease.validUntil() > node.proc.now(); off += chunk) {
     if (!(await checkedRead(run, node, vol, s, off, Math.min(chunk, vol.size - off), () => run.model.stamp(), `${what} read-back`, lease))) return;
   }
 }
@@ -269,6 +276,7 @@ export async function checkedRead(
 ): Promise<boolean> {
   const into = Buffer.alloc(len, 0xee);
   const l = lo();
+  const past = lease && !(lease.validUntil() > node.proc.now()) ? `by a holder whose lease deadline had passed (${Math.round(node.proc.now() - lease.validUntil())} ms ago)` : null;
   const desc = `${what}: read [${off}, ${off + len})`;
   try {
     await run.op(node, desc, () => vol.read(off, len, into), { read: true, lease });
@@ -278,7 +286,12 @@ export async function checkedRead(
     run.count('failedReads');
     return false;
   }
-  run.model.checkRead(vm!, owner, off, into, l, run.model.stamp(), `${node.proc.label}${owner ? ' (writer)' : ''}`);
+  run.staleHolderRead = past;
+  try {
+    run.model.checkRead(vm!, owner, off, into, l, run.model.stamp(), `${node.proc.label}${owner ? ' (writer)' : ''}`);
+  } finally {
+    run.staleHolderRead = null;
+  }
   run.count('reads');
   return true;
 }
@@ -467,7 +480,7 @@ export async function gcActor(run: SimRun, node: Node): Promise<void> {
       // "cannot compute what X needs (...); nothing was deleted": a store error while it looked.
       if (!(err instanceof BatonError) && err instanceof Error && /nothing was deleted/.test(err.message)) { run.count('gcAborted'); run.note(`  gc: ${errorMessage(err).slice(0, 160)}`); } else run.expect(err, `${node.proc.label} gc`);
     }
-    await node.proc.sleep(rng.logUniform(500, 6 * M));
+    await node.proc.sleep(rng.logUniform(300, 3 * M));
   }
 }
 

@@ -289,7 +289,10 @@ export class Model {
       // Its base: the committed state when its takeover landed.
       const others = wids.filter((w) => w === 0 || !own.some((v) => v.wid === w));
       if (others.length > 0) {
-        const err = this.observe(vol, b, others, s.takeoverIssued, s.takeoverResolved, s);
+        // The window is the takeover's resolution, not its start: the base is the state at
+        // the instant the takeover landed, which includes every commit of every earlier
+        // session (none can land after it), so what it lacks never landed.
+        const err = this.observe(vol, b, others, s.takeoverResolved, s.takeoverResolved, s);
         if (!err) return null;
         return new Violation(err.check, `the writer's own read, of what it did not write itself: ${err.message}`);
       }

@@ -70,7 +70,9 @@ export const servedWorkload: Workload = {
       if (!s || node.proc.dead) return;
       await run.op(node, 'exports shutdown', () => s.exports.close()).catch((err) => run.expect(err, `${node.proc.label} exports shutdown`));
     }));
-    // A volume that was fenced or closed lets go of its lease: nobody holds one now.
+    // A volume that was fenced or closed lets go of its lease: once a TTL has passed (a lease an
+    // acquire took although its reply was lost belongs to nobody, and expires), nobody holds one.
+    await run.waitGlobal(run.config.ttlMs + 1000);
     for (const l of run.live.values()) {
       const h = run.leaseService.holderOf(l.name);
       const node = [...run.nodes.values()].find((n) => n.hostId === h?.holder);

@@ -22,8 +22,9 @@
  *   recovery or a view catching up): tolerated (gc.ts case 5: recovery then starts over from
  *   the newest checkpoint); counted, and the data checks judge what the read returns;
  * - deleted by `rm` (or a fork's undo): read by GC tolerated (it computes records it listed
- *   before the removal); by anybody else a violation (the workload never reads a volume that
- *   is being removed, so whatever reads it needed it).
+ *   before the removal); metadata read by anybody else tolerated (the last holder's commit
+ *   still in flight resolving a 412); data read by anybody else a violation (the workload
+ *   never reads a volume that is being removed, so whatever reads its data needed it).
  * Requests of dead processes are not judged (nobody gets their replies).
  */
 
@@ -55,7 +56,7 @@ export type Role = 'gc' | 'admin' | 'host';
 export type Tag = 'data' | 'meta';
 
 interface Entry { body: Buffer; metadata: Record<string, string>; lastModified: Date; etag: string }
-interface Deletion { by: Role; who: string; at: number }
+interface Deletion { by: Role; who: string; at: number; putId: string | undefined }
 
 export interface StoreStats {
   requests: number;
@@ -68,11 +69,14 @@ export interface StoreStats {
   recreated: number;
   /** ... of them log records that GC had deleted (stale writers at freed positions). */
   recreatedLog: number;
+  /** ... whose record is another one than GC deleted there (a stale writer's: the case of 9.2). */
+  staleRecordAtFreedPosition: number;
   /** Checkpoints put over an existing one (never, while checkpoints are create-only). */
   checkpointReplaced: number;
   deletedByGc: number;
   toleratedMetaReads: number;
   gcReadsOfRemoved: number;
+  metaReadsOfRemoved: number;
 }
 
 export class SimStoreServer {
@@ -90,9 +94,13 @@ export class SimStoreServer {
   readonly lateRecordDeletes = new Set<string>();
   /** Catalog records created by a put that landed after its client had given up on it (an undone attempt resurrected: F1 too). */
   readonly lateRecordPuts = new Set<string>();
+  /** Volume ids whose meta GC deleted. */
+  private readonly gcDeletedMetas = new Set<string>();
+  /** ... and that a record created afterwards names (finding F3: a create slower than the grace). */
+  readonly recordsWithoutMeta = new Set<string>();
   private etag = 0;
   readonly stats: StoreStats = {
-    requests: 0, failedBefore: 0, lostReplies: 0, noReplies: 0, slow: 0, refused: 0, recreated: 0, recreatedLog: 0, checkpointReplaced: 0, deletedByGc: 0, toleratedMetaReads: 0, gcReadsOfRemoved: 0,
+    requests: 0, failedBefore: 0, lostReplies: 0, noReplies: 0, slow: 0, refused: 0, recreated: 0, recreatedLog: 0, staleRecordAtFreedPosition: 0, checkpointReplaced: 0, deletedByGc: 0, toleratedMetaReads: 0, gcReadsOfRemoved: 0, metaReadsOfRemoved: 0,
   };
   /** Set by the runner: a GC promise broken. */
   onViolation: (msg: string) => void = () => {};
@@ -103,6 +111,12 @@ export class SimStoreServer {
    */
   outsidePromise: (proc: Proc) => string | null = () => null;
   readonly tolerated: string[] = [];
+  /**
+   * Set by the runner: called as a request is about to be sent; true if the host was paused
+   * right there (the request then leaves when the host resumes). A process stopped between
+   * its last check and its next request is the stale writer of 9.2.
+   */
+  pauseBeforeSend: (proc: Proc, what: string, commitPoint: boolean) => boolean = () => false;
   /** With --verbose: every request as it is applied (and its fate). */
   traceApply: ((line: string) => void) | null = null;
   /** Hosts cut off from the store, and how: refused at once, or black-holed (timeouts). */
@@ -114,20 +128,27 @@ export class SimStoreServer {
 
   // What a request does when it reaches the server (synchronous: atomic).
 
-  audit(op: 'get' | 'head', key: string, role: Role, tag: Tag, proc: Proc): void {
+  /** M: a data read sent longer than this after its read resolved the map is outside GC's promise. */
+  maxOperationMs = Infinity;
+
+  audit(op: 'get' | 'head', key: string, role: Role, tag: Tag, proc: Proc, resolvedAt?: number): void {
     const d = this.deleted.get(key);
     if (!d) return;
     const who = `${proc.label}/${role}`;
     const ago = `${Math.round(this.sim.now - d.at)} ms after ${d.who} (${d.by}) deleted it`;
     if (d.by === 'gc') {
       if (tag === 'data') {
-        const why = this.outsidePromise(proc);
+        const age = resolvedAt === undefined ? 0 : this.sim.now - resolvedAt;
+        const why = age > this.maxOperationMs ? `a read whose map was resolved ${Math.round(age)} ms earlier, longer than M (the design's bound on an operation)` : this.outsidePromise(proc);
         if (why === null) this.onViolation(`GC deleted an object a live map still reads: ${who} ${op} ${key} for data, ${ago}`);
         else if (this.tolerated.length < 50) this.tolerated.push(`${who} ${op} ${key} (${ago}): ${why}`);
       } else this.stats.toleratedMetaReads++;
       return;
     }
     if (role === 'gc') { this.stats.gcReadsOfRemoved++; return; }
+    // Metadata of a removed volume, read by an operation of its last holder still in flight (a
+    // commit resolving a 412, a close): it fails, nothing is acknowledged. Data is another matter.
+    if (tag === 'meta') { this.stats.metaReadsOfRemoved++; return; }
     this.onViolation(`rm deleted an object something still reads: ${who} ${op} ${key} (${tag}), ${ago}`);
   }
 
@@ -150,12 +171,19 @@ export class SimStoreServer {
       throw new PreconditionFailedError(`put ${key}: object already exists in ${this.description} (create-only put)`);
     }
     if (!waiting && key.startsWith('volumes/') && body.includes('"parent"')) this.lateRecordPuts.add(key.slice('volumes/'.length));
+    if (key.startsWith('volumes/')) {
+      const id = /"id":"([^"]+)"/.exec(body.toString('utf8'))?.[1];
+      if (id !== undefined && this.gcDeletedMetas.has(id) && !this.objects.has(`vol/${id}/meta`)) this.recordsWithoutMeta.add(id);
+    }
     const gone = this.deleted.get(key);
     if (gone) {
       this.deleted.delete(key);
       this.stats.recreated++;
       // A log position GC freed, taken again (a stale writer: what "the log is a chain" is for).
-      if (key.includes('/log/') && gone.by === 'gc') this.stats.recreatedLog++;
+      if (key.includes('/log/') && gone.by === 'gc') {
+        this.stats.recreatedLog++;
+        if (o?.metadata?.['baton-put-id'] !== gone.putId) this.stats.staleRecordAtFreedPosition++;
+      }
       this.traceApply?.(`store: ${key} re-created after ${gone.who} (${gone.by}) deleted it`);
     }
     if (key.includes('/checkpoint/') && this.objects.has(key)) this.stats.checkpointReplaced++;
@@ -168,11 +196,15 @@ export class SimStoreServer {
     if (!waiting && key.startsWith('volumes/') && this.objects.has(key) && (this.putAt.get(key) ?? -1) > sentAt) {
       this.lateRecordDeletes.add(key.slice('volumes/'.length));
     }
+    const putId = this.objects.get(key)?.metadata['baton-put-id'];
     const existed = this.objects.delete(key);
     if (existed) this.sorted.splice(this.lowerBound(key), 1);
     if (existed && key.startsWith('vol/')) {
-      this.deleted.set(key, { by: role, who, at: this.sim.now });
-      if (role === 'gc') this.stats.deletedByGc++;
+      this.deleted.set(key, { by: role, who, at: this.sim.now, putId });
+      if (role === 'gc') {
+        this.stats.deletedByGc++;
+        if (key.endsWith('/meta')) this.gcDeletedMetas.add(key.slice('vol/'.length, -'/meta'.length));
+      }
     }
   }
 
@@ -216,10 +248,12 @@ export class SimStoreClient implements ObjectStore {
     private readonly rng: Rng,
     readonly role: Role,
     readonly tag: Tag = 'meta',
+    /** For data reads: when the read resolved the map it fetches through. */
+    private readonly resolvedAt?: number,
   ) {}
 
-  /** The same connection, its requests marked as reads of volume data (for the audit). */
-  forData(): SimStoreClient { return new SimStoreClient(this.server, this.proc, this.faults, this.rng, this.role, 'data'); }
+  /** The same connection, its requests marked as reads of volume data for a read that resolved its map at `resolvedAt` (for the audit). */
+  forData(resolvedAt?: number): SimStoreClient { return new SimStoreClient(this.server, this.proc, this.faults, this.rng, this.role, 'data', resolvedAt); }
 
   private get who(): string { return `${this.proc.label}/${this.role}`; }
 
@@ -229,7 +263,7 @@ export class SimStoreClient implements ObjectStore {
    * One request: its fate is drawn when it is sent; `apply` runs at the server, atomically;
    * the reply is a timer of the sending process.
    */
-  private request<T>(what: string, apply: (waiting: boolean) => T): Promise<T> {
+  private request<T>(what: string, apply: (waiting: boolean) => T, commitPoint = false): Promise<T> {
     const proc = this.proc;
     const server = this.server;
     const sim = server.sim;
@@ -238,6 +272,17 @@ export class SimStoreClient implements ObjectStore {
     st.requests++;
     return new Promise<T>((resolve, reject) => {
       if (proc.dead) return;
+      if (server.pauseBeforeSend(proc, what, commitPoint)) proc.setTimeout(() => this.send(what, apply, f, resolve, reject), 0);
+      else this.send(what, apply, f, resolve, reject);
+    });
+  }
+
+  private send<T>(what: string, apply: (waiting: boolean) => T, f: StoreFaults, resolve: (v: T) => void, reject: (e: unknown) => void): void {
+    const proc = this.proc;
+    const server = this.server;
+    const sim = server.sim;
+    const st = server.stats;
+    {
       let settled = false;
       const settle = (fn: () => void): void => { if (!settled) { settled = true; fn(); } };
       const timer = proc.setTimeout(() => settle(() => reject(new TimeoutError(`${what}: no answer within ${f.timeoutMs} ms from ${this.description}`))), f.timeoutMs);
@@ -273,7 +318,7 @@ export class SimStoreClient implements ObjectStore {
         if (fate === 'lostReply') { st.lostReplies++; reply(new StoreUnavailableError(`${what}: connection reset by ${this.description} (the request was sent)`)); return; }
         reply(err, value);
       });
-    });
+    }
   }
 
   get(key: string, range?: ByteRange): Promise<Buffer> {
@@ -281,7 +326,7 @@ export class SimStoreClient implements ObjectStore {
     if (range !== undefined) validateRange(range);
     const r = range ? { ...range } : undefined;
     return this.request(`get ${key}`, (waiting) => {
-      if (waiting) this.server.audit('get', key, this.role, this.tag, this.proc);
+      if (waiting) this.server.audit('get', key, this.role, this.tag, this.proc, this.resolvedAt);
       return this.server.get(key, r);
     });
   }
@@ -300,7 +345,7 @@ export class SimStoreClient implements ObjectStore {
     // The bytes as sent: a caller reusing its buffer afterwards cannot change them.
     const copy = Buffer.from(body);
     const o: PutOptions = { ...options, ...(options?.metadata ? { metadata: { ...options.metadata } } : {}) };
-    return this.request(`put ${key}`, (waiting) => this.server.put(key, copy, o, waiting));
+    return this.request(`put ${key}`, (waiting) => this.server.put(key, copy, o, waiting), o.ifNoneMatch === true);
   }
 
   delete(key: string): Promise<void> {
