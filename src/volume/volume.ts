@@ -462,7 +462,15 @@ export class Volume implements BlockBackend {
     this.nextSeq = h.seq + 1;
   }
 
-  /** The lease's local deadline: past it this host acknowledges no write and no flush. */
+  /**
+   * The lease's local deadline: past it this host acknowledges no write and no flush, and
+   * answers no read. Why reads too: once the deadline passed, another host may have taken
+   * the lease over and acknowledged writes this map has never seen, so an answer from it
+   * could be older than an acknowledged flush (a client that moved on to the new host, or
+   * a second client, would see time go backwards). A read that started before the deadline
+   * is answered as of its start, which is still inside our lease: the lease service only
+   * lets another host in after our deadline (it is measured from when the renewal was sent).
+   */
   setWriteDeadline(deadline: () => number): void {
     this.writeDeadline = deadline;
   }
@@ -472,7 +480,7 @@ export class Volume implements BlockBackend {
   private checkDeadline(): void {
     if (this.writeDeadline && this.world.now() >= this.writeDeadline()) {
       this.fence('the lease could not be renewed in time');
-      throw new LeaseLostError(`volume ${this.name}: this host's lease expired; writes are refused (reattach to serve it again)`);
+      throw new LeaseLostError(`volume ${this.name}: this host's lease expired; reads and writes are refused (reattach to serve it again)`);
     }
   }
 
@@ -552,7 +560,14 @@ export class Volume implements BlockBackend {
     this.mapLoadedAt = fresh.mapLoadedAt;
   }
 
+  /** A writer's map is the truth only while it holds the lease (setWriteDeadline) and is not fenced. */
+  private checkReadable(): void {
+    if (this.fencedError) throw this.fencedError;
+    this.checkDeadline();
+  }
+
   async read(offset: number, length: number, into?: Buffer): Promise<Buffer> {
+    this.checkReadable();
     if (this.followsLog) await this.refreshIfStale();
     const out = into ?? Buffer.allocUnsafe(length);
     const fetches: { key: string; size: number; off: number; len: number; outOff: number }[] = [];
@@ -578,6 +593,7 @@ export class Volume implements BlockBackend {
   }
 
   async blockStatus(offset: number, length: number, maxExtents: number): Promise<Extent[]> {
+    this.checkReadable();
     // Work bounded by what the reply can carry (BlockBackend.blockStatus), not by the
     // range (up to 4 GiB) or its fragmentation: stop at maxExtents extents or after
     // `budget` map pieces (many same-flag pieces merge into one extent, so the extent count

@@ -282,7 +282,8 @@ export async function checkedRead(
     await run.op(node, desc, () => vol.read(off, len, into), { read: true, lease });
   } catch (err) {
     run.watchFailedRead(into, desc);
-    run.expect(err, desc, ['CORRUPT', 'NOT_FOUND']);
+    // A writer's read past its lease deadline, or of a fenced volume, is refused (F2).
+    run.expect(err, desc, lease ? ['CORRUPT', 'NOT_FOUND', 'LEASE_LOST', 'FENCED'] : ['CORRUPT', 'NOT_FOUND']);
     run.count('failedReads');
     return false;
   }

@@ -320,3 +320,39 @@ test('9 (smaller): GC keeps nothing of a removed volume its forks no longer need
   t.deepEqual(logs, [keys.log(pid, 2)], `only the record holding the fork's data is left (left: ${left.join(', ')})`);
   t.is((await (await host('f', 2)).read(0, 1))[0], 0x01);
 });
+
+test('F2 (simulator): a holder past its lease deadline answers no read (its map may miss what a new holder acknowledged)', async (t) => {
+  const { catalog, host } = setup();
+  await catalog.create('v', 4 * MiB);
+  const a = await host('v', 1);
+  let deadline = performance.now() + 60_000;
+  a.setWriteDeadline(() => deadline);
+  await a.write(0, fill(4096, 0x11), false);
+  await a.flush();
+  t.is((await a.read(0, 1))[0], 0x11); // inside the lease: answered
+  deadline = performance.now() - 1; // A's renewals stopped reaching the lease service
+  const b = await host('v', 2); // B took the lease over after A's deadline
+  await b.write(0, fill(4096, 0x22), false);
+  await b.flush(); // acknowledged on B
+  // A's map still says 0x11: answering it would be older than B's acknowledged flush.
+  const err = await t.throwsAsync(a.read(0, 4096));
+  t.regex(err!.message, /lease expired/);
+  await t.throwsAsync(a.blockStatus(0, 4096, 1));
+  t.true(a.isFenced);
+  await b.close();
+});
+
+test('F2 (simulator): a fenced writer answers no read', async (t) => {
+  const { catalog, host } = setup();
+  await catalog.create('v', 4 * MiB);
+  const a = await host('v', 1);
+  await a.write(0, fill(4096, 0x11), false);
+  await a.flush();
+  const b = await host('v', 2);
+  await b.write(0, fill(4096, 0x22), false);
+  await b.flush();
+  await a.write(4096, fill(4096, 0x33), false);
+  await t.throwsAsync(a.flush(), { instanceOf: FencedError });
+  await t.throwsAsync(a.read(0, 4096), { instanceOf: FencedError });
+  await b.close();
+});
