@@ -141,7 +141,8 @@ export class StoreCatalog implements VolumeCatalog {
   }
 
   /**
-   * Undo an attempt of landRecord that cannot be trusted (`landed`: its name put was answered;
+   * Undo an attempt of landRecord that cannot be trusted, or whose source went (confirmSource)
+   * (`landed`: its name put was answered;
    * otherwise its outcome is unknown), and return only once nothing it sent can land any
    * more, so that the next attempt's record under the same name is neither removed by this
    * attempt's delete nor shadowed by a late copy of its name put (both land after their
@@ -178,7 +179,7 @@ export class StoreCatalog implements VolumeCatalog {
       const waitMs = since + this.maxOpMs - this.world.now();
       if (waitMs > 0) {
         this.opts.log.info({ name: rec.name, id: rec.id, waitMs: Math.round(waitMs), maxOperationMs: this.maxOpMs },
-          `${verb} undone: waiting until no request of the undone attempt can still land (M after the last was issued) before ${rec.name} is made again, so that none removes or shadows the new record`);
+          `${verb} undone: waiting until no request of the undone attempt can still land (M after the last was issued), so that none removes or re-creates ${rec.name} after it is made again`);
         await new Promise<void>((r) => { this.world.setTimeout(r, waitMs); });
       }
       let holder: VolumeRecord | null;
@@ -276,13 +277,8 @@ export class StoreCatalog implements VolumeCatalog {
   private async confirmSource(srcName: string, src: VolumeRecord, rec: VolumeRecord): Promise<void> {
     const still = await this.record(srcName).catch((err) => { if (err instanceof NotFoundError) return null; throw err; });
     if (still && still.id === src.id) return;
-    await this.undo(rec);
+    await this.abandon(rec, true, rec.snapshot ? 'snapshot' : 'fork'); // waited out: no late try of our put re-creates it
     throw new NotFoundError(`${srcName} was removed while ${rec.name} was being made from it; nothing was created`);
-  }
-
-  private async undo(rec: VolumeRecord): Promise<void> {
-    await this.opts.store.delete(keys.volumeRecord(rec.name)).catch(() => {});
-    await this.opts.store.delete(keys.meta(rec.id)).catch(() => {});
   }
 
   /**

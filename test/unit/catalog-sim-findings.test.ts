@@ -313,3 +313,31 @@ test('a create slower than the budget every time: TimeoutError, nothing created,
   t.deepEqual(await s.metas(), []);
   t.true(s.world.now() >= 3 * M, 'each undone attempt was waited out (M) before the next');
 });
+
+test('a fork whose source is removed while it is made: NotFound, and a late try of its name put does not leave it behind', async (t) => {
+  const s = setup();
+  await s.world.drive(s.catalog.create('src', 64 * MiB));
+  let first: Sent | null = null;
+  s.net.fate = (r) => {
+    // The fork's first name put is held (no answer in 2 s, within the budget); the retry lands.
+    if (r.op === 'put' && r.key === keys.volumeRecord('f') && first === null) { first = r; return { landMs: 'held', replyMs: 2_000 }; }
+    return NORMAL;
+  };
+  s.net.onLand = (r) => {
+    // As the retried name put lands, the source is removed (rm on another host); the held
+    // try lands 20 ms after the fork's undo deleted the name (within M of its issue).
+    if (r.op === 'put' && r.key === keys.volumeRecord('f') && r !== first) void s.inner.delete(keys.volumeRecord('src'));
+    if (r.op === 'delete' && r.key === keys.volumeRecord('f') && first !== null && s.net.held.has(first)) {
+      const f = first;
+      s.world.setTimeout(() => s.net.land(f), 20);
+    }
+  };
+  const err = await s.world.drive(s.catalog.fork('src', 'f').then(() => null, (e: unknown) => e as Error));
+  t.true(isBatonError(err, 'BATON_ERR_NOT_FOUND'), err?.message);
+  t.regex(err!.message, /src was removed while f was being made from it; nothing was created/);
+  await s.world.quiesce();
+  t.false(s.net.held.has(first!), 'the held try landed');
+  t.deepEqual(s.net.beyondBound, []);
+  t.deepEqual(await s.records(), [], 'nothing was created, as it says');
+  t.is((await s.metas()).length, 1, 'the source\'s meta only (rm by hand left it; GC takes it)');
+});
