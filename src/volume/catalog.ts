@@ -102,7 +102,7 @@ export class StoreCatalog implements VolumeCatalog {
    *   objects the point names are protected only by GC's grace and fixed point (gc.ts case 2);
    * - a create: until its name lands nothing names its meta, which GC deletes once it is older
    *   than the grace (>= 2M); a name that lands within M/2 of the meta put is in every GC
-   *   listing that could find the meta old (gc.ts, "Metas").
+   *   listing that could find the meta old (gc.ts case 6).
    * The reply bounds the landing (the put that was answered landed before its answer; other
    * tries of it inside a retrying store then meet the name taken, 412, and change nothing).
    * A slower attempt is undone and waited out (abandon), then made again under the same name
@@ -141,16 +141,16 @@ export class StoreCatalog implements VolumeCatalog {
   }
 
   /**
-   * Undo an attempt of landRecord that cannot be trusted, or whose source went (confirmSource)
-   * (`landed`: its name put was answered;
-   * otherwise its outcome is unknown), and return only once nothing it sent can land any
-   * more, so that the next attempt's record under the same name is neither removed by this
-   * attempt's delete nor shadowed by a late copy of its name put (both land after their
-   * client gave up: a timed-out try, or a try a retrying store abandoned and made again).
+   * Undo an attempt of landRecord that cannot be trusted, or whose source went (confirmSource;
+   * `landed`: its name put was answered, else its outcome is unknown), and return only once
+   * nothing it sent can land any more, so that the next attempt's record under the same name
+   * is neither removed by this attempt's delete nor shadowed by a late copy of its name put
+   * (both land after their client gave up: a timed-out try, or a try a retrying store gave
+   * up on and made again), and "nothing was created" stays true.
    *
    * Why waiting M is enough: the design bounds every store request: it lands within M
-   * (maxOperationMs) of being issued, or never (the operation bound of GC's argument,
-   * format.ts timeBounds). Every request this attempt made on its name (each try of its put,
+   * (maxOperationMs) of being issued, or never (format.ts timeBounds; GC's argument relies on
+   * it too, gc.ts case 6). Every request this attempt made on its name (each try of its put,
    * each try of the undo's delete, inside a retrying store too) was issued before the call
    * that made it returned. So once M has passed since the last of those calls returned, none
    * is still on its way, and a read of the name tells its final state as far as this attempt
@@ -165,9 +165,9 @@ export class StoreCatalog implements VolumeCatalog {
    * Waiting from the first request's issue would not do: a retrying store issues later tries
    * of the same delete up to the moment it returns.
    */
-  private async abandon(rec: VolumeRecord, landed: boolean, verb: string): Promise<void> {
+  private async abandon(rec: VolumeRecord, landed: boolean, verb: string, why = 'took too long to be trusted'): Promise<void> {
     const key = keys.volumeRecord(rec.name);
-    const failed = (err: unknown): BatonError => rewrap(err, `${verb === 'create' ? 'creating' : 'making'} ${rec.name} took too long to be trusted and undoing it failed (${errorMessage(err)}): `
+    const failed = (err: unknown): BatonError => rewrap(err, `${verb === 'create' ? 'creating' : 'making'} ${rec.name} ${why} and undoing it failed (${errorMessage(err)}): `
       + `see baton info ${rec.name}: if it is there, remove it (baton rm ${rec.name}) and make it again; if not, nothing needs cleaning up (an id record left behind is deleted by baton gc)`);
     let ours = landed;
     let since = this.world.now(); // every request of the attempt on the name was issued by now
@@ -277,7 +277,7 @@ export class StoreCatalog implements VolumeCatalog {
   private async confirmSource(srcName: string, src: VolumeRecord, rec: VolumeRecord): Promise<void> {
     const still = await this.record(srcName).catch((err) => { if (err instanceof NotFoundError) return null; throw err; });
     if (still && still.id === src.id) return;
-    await this.abandon(rec, true, rec.snapshot ? 'snapshot' : 'fork'); // waited out: no late try of our put re-creates it
+    await this.abandon(rec, true, rec.snapshot ? 'snapshot' : 'fork', `lost its source ${srcName}`); // waited out: no late try of our put re-creates it
     throw new NotFoundError(`${srcName} was removed while ${rec.name} was being made from it; nothing was created`);
   }
 
