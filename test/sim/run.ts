@@ -19,6 +19,7 @@ import type { Logger } from '../../src/log.js';
 import { RetryingObjectStore } from '../../src/store/decorators.js';
 import type { ObjectStore } from '../../src/store/object-store.js';
 import { StoreCatalog } from '../../src/volume/catalog.js';
+import { keys } from '../../src/volume/format.js';
 import { collectGarbage } from '../../src/volume/gc.js';
 import { Volume, type VolumeOptions } from '../../src/volume/volume.js';
 import { SimLeaseManager, SimLeaseService, type LeaseFaults } from './lease.js';
@@ -666,6 +667,8 @@ export class SimRun {
       });
       if (!rec) return;
       if (rec.id !== l.vm.id) { this.fail(new Violation('catalog', `${l.name} is ${rec.id} in the store, ${l.vm.id} in the model`)); return; }
+      // Its id record: forks of it and rm follow ancestries through it (F3: GC deleted it under a create slower than the grace).
+      if (!(await catalog.store.head(keys.meta(rec.id)))) { this.fail(new Violation('record-without-meta', `${l.name} (${rec.id}) exists but ${keys.meta(rec.id)} does not: forks of it cannot follow their ancestry`)); return; }
       const lo = this.model.stamp();
       try {
         const vol = await Volume.open(rec, node.volumeOptions(true, cache));
