@@ -27,6 +27,8 @@ export interface StoreCatalogOptions {
 
 /** Attempts at a name record's put whose earlier attempts provably did not land. */
 const PUT_RECORD_ATTEMPTS = 3;
+/** Attempts at making a record whose earlier attempts were too slow to trust (undone: landRecord). */
+const SLOW_ATTEMPTS = 3;
 const MAX_ANCESTRY = 10_000;
 
 /** For a snapshot: the volume identity it was taken of; `volume` is null when that volume is gone. */
@@ -84,13 +86,117 @@ export class StoreCatalog implements VolumeCatalog {
   async create(name: string, size: number): Promise<VolumeInfo> {
     checkVolumeName(name);
     checkVolumeSize(size);
-    const rec: VolumeRecord = { format: 'baton-volume-1', name, id: randomId(this.world, 8), size, createdAt: this.world.wallTime().toISOString() };
-    await this.putRecord(rec);
+    const rec = await this.landRecord(name, 'create', async () => (
+      { format: 'baton-volume-1', name, id: randomId(this.world, 8), size, createdAt: this.world.wallTime().toISOString() }
+    ), 'if it is there, it was created; if not, nothing needs cleaning up');
     return { name, size, createdAt: rec.createdAt, storedBytes: 0, kind: 'volume' };
   }
 
   /**
-   * Create a record, all or nothing: the id-keyed copy (`meta`) first, then the name.
+   * Land a new record through one time-bounded step, the same for create, fork and snapshot.
+   * `make` does the attempt's dependent read (a fork's fork point; nothing for a create) and
+   * returns the record; then come its meta and its name (putName). The step runs from before
+   * `make` (the fork-point read; for a create, the meta put) to the name put's reply, and is
+   * trusted only if that took at most `forkBudgetMs` (M/2, format.ts timeBounds):
+   * - a fork or snapshot: between the fork-point read and the landing of its record, the
+   *   objects the point names are protected only by GC's grace and fixed point (gc.ts case 2);
+   * - a create: until its name lands nothing names its meta, which GC deletes once it is older
+   *   than the grace (>= 2M); a name that lands within M/2 of the meta put is in every GC
+   *   listing that could find the meta old (gc.ts case 6).
+   * The reply bounds the landing (the put that was answered landed before its answer; other
+   * tries of it inside a retrying store then meet the name taken, 412, and change nothing).
+   * A slower attempt is undone and waited out (abandon), then made again under the same name
+   * with a new id, at most SLOW_ATTEMPTS times, then TimeoutError: nothing was created.
+   * An attempt whose name put stays unresolved (StoreUnavailable from putName) within the
+   * budget fails as putName says: whatever of it lands, lands within M of being issued, so
+   * within the grace of its meta; past the budget it is undone like a slow one.
+   */
+  private async landRecord(name: string, verb: 'create' | 'fork' | 'snapshot', make: () => Promise<VolumeRecord>, advice: string, confirm?: (rec: VolumeRecord) => Promise<void>): Promise<VolumeRecord> {
+    const budgetMs = timeBounds(this.maxOpMs).forkBudgetMs;
+    for (let attempt = 1; ; attempt++) {
+      const t0 = this.world.now();
+      const rec = await make();
+      // Ids are random: this put only fails for a store error, and a meta nothing names is garbage.
+      await this.opts.store.put(keys.meta(rec.id), encodeVolumeRecord(rec), { ifNoneMatch: true });
+      let landed = true;
+      try {
+        await this.putName(rec, advice);
+      } catch (err) {
+        if (!(err instanceof StoreUnavailableError) || this.world.now() - t0 <= budgetMs) throw err;
+        landed = false; // unresolved, and too late to trust if it did land: undone below
+      }
+      const ms = this.world.now() - t0;
+      if (landed && ms <= budgetMs) {
+        await confirm?.(rec);
+        return rec;
+      }
+      await this.abandon(rec, landed, verb);
+      if (attempt >= SLOW_ATTEMPTS) {
+        const between = verb === 'create' ? 'writing its id record and landing its name, or garbage collection could delete the id record' : 'reading its fork point and landing its record, or garbage collection could delete data it needs';
+        throw new TimeoutError(`${verb === 'create' ? 'creating' : 'making'} ${name} took too long on each of ${attempt} tries (the last ${Math.round(ms)} ms; `
+          + `at most ${Math.round(budgetMs)} ms may pass between ${between}): nothing was created; is the store slow or unreachable? try again`);
+      }
+      this.opts.log.warn({ name, ms: Math.round(ms), budgetMs: Math.round(budgetMs), attempt, landed }, `${verb === 'create' ? 'create' : 'fork'} took too long to trust against GC; undone, trying again`);
+    }
+  }
+
+  /**
+   * Undo an attempt of landRecord that cannot be trusted, or whose source went (confirmSource;
+   * `landed`: its name put was answered, else its outcome is unknown), and return only once
+   * nothing it sent can land any more, so that the next attempt's record under the same name
+   * is neither removed by this attempt's delete nor shadowed by a late copy of its name put
+   * (both land after their client gave up: a timed-out try, or a try a retrying store gave
+   * up on and made again), and "nothing was created" stays true.
+   *
+   * Why waiting M is enough: the design bounds every store request: it lands within M
+   * (maxOperationMs) of being issued, or never (format.ts timeBounds; GC's argument relies on
+   * it too, gc.ts case 6). Every request this attempt made on its name (each try of its put,
+   * each try of the undo's delete, inside a retrying store too) was issued before the call
+   * that made it returned. So once M has passed since the last of those calls returned, none
+   * is still on its way, and a read of the name tells its final state as far as this attempt
+   * goes:
+   * - it holds this attempt's id: a put of it landed after our delete (or, unknown, at all):
+   *   delete it again and wait again. At most twice: after one full wait no put is left;
+   * - it is absent: nothing of this attempt is there or can arrive; its meta goes (nothing
+   *   will ever name it) and the next attempt may put the name;
+   * - another id: someone else made the name meanwhile: AlreadyExists (our meta goes too).
+   * The meta goes last, once the name is known never to name it: a late put re-creating the
+   * name after the meta went would be a volume without its meta.
+   * Waiting from the first request's issue would not do: a retrying store issues later tries
+   * of the same delete up to the moment it returns.
+   */
+  private async abandon(rec: VolumeRecord, landed: boolean, verb: string, why = 'took too long to be trusted'): Promise<void> {
+    const key = keys.volumeRecord(rec.name);
+    const failed = (err: unknown): BatonError => rewrap(err, `${verb === 'create' ? 'creating' : 'making'} ${rec.name} ${why} and undoing it failed (${errorMessage(err)}): `
+      + `see baton info ${rec.name}: if it is there, remove it (baton rm ${rec.name}) and make it again; if not, nothing needs cleaning up (an id record left behind is deleted by baton gc)`);
+    let ours = landed;
+    let since = this.world.now(); // every request of the attempt on the name was issued by now
+    for (let round = 1; ; round++) {
+      if (ours) {
+        try { await this.opts.store.delete(key); } catch (err) { throw failed(err); }
+        since = this.world.now();
+      }
+      const waitMs = since + this.maxOpMs - this.world.now();
+      if (waitMs > 0) {
+        this.opts.log.info({ name: rec.name, id: rec.id, waitMs: Math.round(waitMs), maxOperationMs: this.maxOpMs },
+          `${verb} undone: waiting until no request of the undone attempt can still land (M after the last was issued), so that none removes or re-creates ${rec.name} after it is made again`);
+        await new Promise<void>((r) => { this.world.setTimeout(r, waitMs); });
+      }
+      let holder: VolumeRecord | null;
+      try { holder = await this.recordOrNull(rec.name); } catch (err) { throw failed(err); }
+      if (holder === null || holder.id !== rec.id) {
+        await this.opts.store.delete(keys.meta(rec.id)).catch(() => {}); // never named: if this fails, GC deletes it
+        if (holder !== null) throw new AlreadyExistsError(`${rec.snapshot ? 'snapshot' : 'volume'} "${rec.name}" already exists in ${this.description} (made by someone else while ours was being undone)`);
+        return;
+      }
+      if (round >= 3) throw failed(new TimeoutError(`a request of the undone attempt landed more than ${this.maxOpMs} ms (BATON_MAX_OPERATION_MS) after it was issued`));
+      this.opts.log.warn({ name: rec.name, id: rec.id }, `${verb} undone, but a late copy of its name put landed afterwards; undoing it again`);
+      ours = true;
+    }
+  }
+
+  /**
+   * Put a record's name, all or nothing (its id-keyed copy, `meta`, was put first: landRecord).
    *
    * The name's create-only put is the commit point. Its outcome must be KNOWN before the
    * meta may go: a put that failed ambiguously (a 503, a timeout, a lost reply, a local
@@ -108,11 +214,9 @@ export class StoreCatalog implements VolumeCatalog {
    * name was someone else's before we wrote (the retrying store resolves a 412 that follows
    * its own lost reply by reading the put id back), so nothing can ever name our id.
    */
-  private async putRecord(rec: VolumeRecord, advice = 'if it is there, it was created; if not, nothing needs cleaning up'): Promise<void> {
+  private async putName(rec: VolumeRecord, advice: string): Promise<void> {
     const what = `${rec.snapshot ? 'snapshot' : 'volume'} "${rec.name}"`;
     const body = encodeVolumeRecord(rec);
-    // Ids are random: this put only fails for a store error, and a meta nothing names is garbage.
-    await this.opts.store.put(keys.meta(rec.id), body, { ifNoneMatch: true });
     let ambiguous: unknown = null;
     for (let attempt = 1; attempt <= PUT_RECORD_ATTEMPTS; attempt++) {
       try {
@@ -173,40 +277,26 @@ export class StoreCatalog implements VolumeCatalog {
   private async confirmSource(srcName: string, src: VolumeRecord, rec: VolumeRecord): Promise<void> {
     const still = await this.record(srcName).catch((err) => { if (err instanceof NotFoundError) return null; throw err; });
     if (still && still.id === src.id) return;
-    await this.undo(rec);
+    await this.abandon(rec, true, rec.snapshot ? 'snapshot' : 'fork', `lost its source ${srcName}`); // waited out: no late try of our put re-creates it
     throw new NotFoundError(`${srcName} was removed while ${rec.name} was being made from it; nothing was created`);
-  }
-
-  private async undo(rec: VolumeRecord): Promise<void> {
-    await this.opts.store.delete(keys.volumeRecord(rec.name)).catch(() => {});
-    await this.opts.store.delete(keys.meta(rec.id)).catch(() => {});
   }
 
   /**
    * Make a fork or snapshot `name` of `srcName` at its last acknowledged flush. GC safety:
    * between reading the fork point and landing the record, the objects the point names are
    * protected only by GC's grace period (>= 2x maxOperationMs, see gc.ts); an attempt slower
-   * than half of that is undone and made again, never trusted.
+   * than half of that is undone and made again, never trusted (landRecord).
    */
   private async derive(srcName: string, name: string, snapshot: boolean): Promise<VolumeRecord> {
     const src = await this.record(srcName);
-    for (let attempt = 1; ; attempt++) {
-      const t0 = this.world.now();
-      const parent = await this.forkPoint(src);
-      const rec: VolumeRecord = {
-        format: 'baton-volume-1', name, id: randomId(this.world, 8), size: src.size, createdAt: this.world.wallTime().toISOString(), parent,
-        // A snapshot belongs to one volume identity, not to a name that may be reused.
-        ...(snapshot ? { snapshot: true, of: src.id } : {}),
-      };
-      // A record that may land after we gave up could land later than GC allows (above).
-      await this.putRecord(rec, `if it is there, remove it (baton rm ${name}) and make it again, since it cannot be trusted against garbage collection; if not, nothing needs cleaning up`);
-      await this.confirmSource(srcName, src, rec);
-      const ms = this.world.now() - t0;
-      if (ms <= timeBounds(this.maxOpMs).forkBudgetMs) return rec;
-      await this.undo(rec);
-      if (attempt >= 3) throw new TimeoutError(`making ${name} took ${Math.round(ms)} ms (${attempt} tries), too long to be sure garbage collection left its source alone; nothing was created: is the store slow? try again`);
-      this.opts.log.warn({ name, ms: Math.round(ms), attempt }, 'fork took too long to trust against GC; undone, trying again');
-    }
+    return this.landRecord(name, snapshot ? 'snapshot' : 'fork', async () => ({
+      format: 'baton-volume-1', name, id: randomId(this.world, 8), size: src.size, createdAt: this.world.wallTime().toISOString(), parent: await this.forkPoint(src),
+      // A snapshot belongs to one volume identity, not to a name that may be reused.
+      ...(snapshot ? { snapshot: true, of: src.id } : {}),
+    }),
+    // A record that may land after we gave up could land later than GC allows (landRecord).
+    `if it is there, remove it (baton rm ${name}) and make it again, since it cannot be trusted against garbage collection; if not, nothing needs cleaning up`,
+    (rec) => this.confirmSource(srcName, src, rec));
   }
 
   private get maxOpMs(): number { return this.opts.volume?.maxOperationMs ?? maxOperationMs(); }

@@ -201,10 +201,13 @@ export function decodeCheckpoint(b: Buffer, key: string): Checkpoint {
 }
 
 /**
- * The longest a multi-step operation may take between reading the store's state and
- * landing what depends on it: a fork (read of the fork point -> its record; slower ones
- * are undone and made again) and a read-only view (map load -> reads through it; older
- * maps are refreshed first).
+ * M: the longest a multi-step operation may take between reading or writing the store's
+ * state and landing what depends on it: a fork or snapshot (read of the fork point -> its
+ * record), a create (its id record `meta` -> its name; for both, slower attempts are undone
+ * and made again, catalog.ts landRecord) and a read-only view (map load -> reads through it;
+ * older maps are refreshed first). Also the bound on a single store request: it lands within
+ * M of being issued, or never (assumed of the store and the network, not enforced; an undone
+ * attempt waits M before its name is put again, catalog.ts abandon).
  * Garbage collection relies on it: its grace period must be at least twice this (see
  * src/volume/gc.ts), and every host must use the same value. BATON_MAX_OPERATION_MS
  * lowers it for tests that exercise GC in seconds.
@@ -221,14 +224,20 @@ export function maxOperationMs(): number {
 /**
  * Every time bound garbage collection's safety argument (src/volume/gc.ts) relies on, in
  * one place, derived from M = maxOperationMs:
- * - a fork or snapshot lands its record within `forkBudgetMs` of reading its fork point
- *   (slower ones are undone and made again: catalog.ts);
+ * - a fork or snapshot lands its record within `forkBudgetMs` of reading its fork point,
+ *   and a create lands its name within `forkBudgetMs` of putting its meta (slower attempts
+ *   are undone and made again: catalog.ts landRecord);
+ * - a store request lands within `maxOperationMs` of being issued, or never: an undone
+ *   attempt waits that long before the name is put again (catalog.ts abandon), so that no
+ *   late delete or put of it lands on the new record;
  * - a read-only view of a live volume never reads through a map older than
  *   `viewMaxAgeMs` (it refreshes first: volume.ts);
  * - a GC run lists the records again `fixedPointWaitMs` after its last map load, until no
  *   new record appears (gc.ts);
  * - the grace period between a mark and the delete is at least `minGraceMs`.
- * The argument needs forkBudget + fixedPointWait <= grace and viewMaxAge < grace; asserted here.
+ * The argument needs forkBudget + fixedPointWait <= grace and viewMaxAge < grace; a create's
+ * meta needs forkBudget + maxOperationMs < grace (a name put still unresolved when the budget
+ * ran out lands within M of being issued, before GC can find the meta old); asserted here.
  */
 export interface TimeBounds {
   maxOperationMs: number;
@@ -241,6 +250,6 @@ export interface TimeBounds {
 export function timeBounds(m: number = maxOperationMs()): TimeBounds {
   if (!(Number.isFinite(m) && m > 0)) throw new RangeError(`maxOperationMs must be a positive number of ms, not ${m}`);
   const b: TimeBounds = { maxOperationMs: m, forkBudgetMs: m / 2, viewMaxAgeMs: m / 2, fixedPointWaitMs: m / 2, minGraceMs: 2 * m };
-  if (!(b.forkBudgetMs + b.fixedPointWaitMs <= b.minGraceMs && b.viewMaxAgeMs < b.minGraceMs)) throw new Error('GC time bounds are inconsistent');
+  if (!(b.forkBudgetMs + b.fixedPointWaitMs <= b.minGraceMs && b.viewMaxAgeMs < b.minGraceMs && b.forkBudgetMs + b.maxOperationMs < b.minGraceMs)) throw new Error('GC time bounds are inconsistent');
   return b;
 }

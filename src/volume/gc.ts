@@ -27,8 +27,9 @@
  * 1. A map recovered from the store at S2: X is not in run 2's R, which is exactly such a map
  *    for every record listed at S2.
  * 2. A record created while run 2 computed (a fork or snapshot in creation): its map is its
- *    source's map at the fork point P, and it lands within M/2 of reading P (slower forks
- *    undo themselves, catalog.ts). If P came after run 2 loaded the source, the source's map
+ *    source's map at the fork point P, and it lands within M/2 of reading P (slower attempts
+ *    are undone, waited out so that none of their requests lands later, and made again:
+ *    catalog.ts landRecord, abandon). If P came after run 2 loaded the source, the source's map
  *    at P names no old object the loaded map did not (maps gain references only through
  *    commits, which name new objects, and forks). If P came before, the record landed
  *    within M/2 of that load, and run 2 lists the records again M/2 after its last load and
@@ -56,6 +57,13 @@
  *    nothing deleted; if a record it meant to replay is gone, recovery fails with a clear
  *    error instead of guessing (the log must be contiguous) and the next attempt starts
  *    from the newest checkpoint.
+ * 6. The meta of a record in creation (create, fork or snapshot put `vol/<id>/meta` first,
+ *    the name after): no record names it yet, so it is in no R; its age protects it. The
+ *    name put is issued within M/2 of the meta put (slower attempts are undone: landRecord)
+ *    and lands within M of being issued or never (the bound on a request, format.ts), so
+ *    before the meta is G >= 2M old: a run that finds the meta old enough to be a candidate
+ *    took its clock after that, lists the records after that, sees the name and puts the
+ *    meta in R. An undone attempt's meta goes only once its name is known gone for good.
  * So G >= 2M suffices (the bounds are in one place, format.ts timeBounds, which asserts that
  * they fit); G is checked against this process's M, and every host must run with the same M
  * (BATON_MAX_OPERATION_MS, default 60 s). Any error while computing R aborts the run before

@@ -1,0 +1,343 @@
+/**
+ * Two findings of the deterministic simulator (test/sim), played as exact sequences:
+ * - F1: an undone fork attempt's requests landing after their client gave up: the undo's
+ *   delete of the name (every try of it, inside the retrying store) removing the record the
+ *   next attempt made, or a late try of the undone attempt's own name put re-creating the
+ *   name before the next attempt puts it;
+ * - F3: a create whose name put resolves only after GC's grace: GC deletes its meta (no
+ *   record names it yet) before the name lands, leaving a volume without its meta.
+ * The catalog runs on a virtual World (the test's clock and timers) over a simulated network
+ * in front of the in-memory store, whose stamps follow the same clock, with the retrying
+ * store (src/store/decorators.ts) on the same World. Every request lands within M of being
+ * issued, or never: the design's bound, which the network asserts, so each test stays inside
+ * what the design claims.
+ */
+import test from 'ava';
+import { BlockCache } from '../../src/cache.js';
+import type { TimerHandle, World } from '../../src/clock.js';
+import { StoreUnavailableError, TimeoutError, isBatonError } from '../../src/errors.js';
+import { silentLogger } from '../../src/log.js';
+import { RetryingObjectStore } from '../../src/store/decorators.js';
+import { MemoryObjectStore } from '../../src/store/memory.js';
+import { listAll, type ByteRange, type ListOptions, type ObjectHead, type ObjectInfo, type ObjectStore, type PutOptions } from '../../src/store/object-store.js';
+import { StoreCatalog } from '../../src/volume/catalog.js';
+import { keys, timeBounds } from '../../src/volume/format.js';
+import { collectGarbage } from '../../src/volume/gc.js';
+
+const MiB = 1024 * 1024;
+/** M (virtual ms): the bound on an operation and on a request's landing; forkBudget = M/2, G = 2M. */
+const M = 10_000;
+const G = 2 * M;
+const EPOCH = Date.UTC(2026, 0, 1);
+
+// ------------------------------------------------------------------ a virtual world
+
+interface Timer extends TimerHandle { at: number; seq: number; fn: () => void; cancelled: boolean }
+
+/** Time passes only when the test fires the next timer; randomness is a counter. */
+class TestWorld implements World {
+  t = 0;
+  private seq = 0;
+  private timers: Timer[] = [];
+  private counter = 0;
+  now(): number { return this.t; }
+  wallTime(): Date { return new Date(EPOCH + this.t); }
+  setTimeout(fn: () => void, ms: number): TimerHandle {
+    const h: Timer = { at: this.t + Math.max(0, ms), seq: ++this.seq, fn, cancelled: false };
+    this.timers.push(h);
+    return h;
+  }
+  clearTimeout(h: TimerHandle): void { (h as Timer).cancelled = true; }
+  yield(): Promise<void> { return new Promise((r) => setImmediate(r)); }
+  randomBytes(n: number): Buffer {
+    const b = Buffer.alloc(n);
+    b.writeUInt32BE(++this.counter, n - 4);
+    return b;
+  }
+  sleep(ms: number): Promise<void> { return new Promise((r) => { this.setTimeout(r, ms); }); }
+  /** Fire the earliest live timer (time jumps to it); false if there is none. */
+  fireNext(): boolean {
+    this.timers = this.timers.filter((x) => !x.cancelled);
+    if (this.timers.length === 0) return false;
+    this.timers.sort((a, b) => a.at - b.at || a.seq - b.seq);
+    const h = this.timers.shift()!;
+    this.t = Math.max(this.t, h.at);
+    h.fn();
+    return true;
+  }
+  /** Run `p` to completion: let ready work run, then fire timers one at a time. */
+  async drive<T>(p: Promise<T>): Promise<T> {
+    let done = false;
+    p.then(() => { done = true; }, () => { done = true; });
+    for (;;) {
+      await new Promise((r) => setImmediate(r));
+      if (done) return p;
+      if (!this.fireNext()) throw new Error('the world went quiet before the operation settled');
+    }
+  }
+  /** Let every pending timer fire (late requests land, clients give up). */
+  async quiesce(): Promise<void> {
+    for (;;) {
+      await new Promise((r) => setImmediate(r));
+      if (!this.fireNext()) return;
+    }
+  }
+}
+
+// ------------------------------------------------------------------ a network with a tail
+
+type Op = 'get' | 'put' | 'head' | 'list' | 'delete';
+
+/** What happens to one request: when it lands (null: never), when its client hears back. */
+interface Fate {
+  /** ms after it was issued that it is applied at the store; null: never; 'held': when the test calls land(). */
+  landMs: number | null | 'held';
+  /** ms after it was issued that the reply (or, if it has not landed by then, a timeout) reaches the client. */
+  replyMs: number;
+  /** For a request that never lands: what the client gets (default: a timeout). */
+  error?: () => Error;
+}
+
+interface Sent { op: Op; key: string; issuedAt: number; n: number; body?: Buffer }
+
+const NORMAL: Fate = { landMs: 5, replyMs: 10 };
+
+/**
+ * Every request travels on the World's clock: it lands at the store `landMs` after it was
+ * issued (or never) and its client hears back at `replyMs`; a reply that comes before the
+ * landing is a timeout (the client gave up; the request still lands later). `fate` decides
+ * per request; `land(s)` lands a held request now. Landing more than M after being issued is
+ * outside the design's bound: the network refuses to do it (the test is then wrong).
+ */
+class Network implements ObjectStore {
+  readonly description = 'memory:';
+  readonly log: string[] = [];
+  private n = 0;
+  fate: (s: Sent) => Fate = () => NORMAL;
+  /** Called as a request lands (after it was applied). */
+  onLand: (s: Sent) => void = () => {};
+  readonly held = new Map<Sent, () => void>();
+  beyondBound: string[] = [];
+
+  constructor(readonly inner: MemoryObjectStore, readonly world: TestWorld) {}
+
+  /** Land a held request now (it was sent long ago; its client may have given up). */
+  land(s: Sent): void {
+    const go = this.held.get(s);
+    if (!go) throw new Error(`${s.op} ${s.key} is not held`);
+    this.held.delete(s);
+    go();
+  }
+
+  private request<T>(op: Op, key: string, apply: () => Promise<T>, body?: Buffer): Promise<T> {
+    const w = this.world;
+    const s: Sent = { op, key, issuedAt: w.now(), n: ++this.n, ...(body ? { body } : {}) };
+    const fate = this.fate(s);
+    return new Promise<T>((resolve, reject) => {
+      let outcome: { ok: true; v: T } | { ok: false; e: unknown } | null = null;
+      const doLand = (): void => {
+        const late = w.now() - s.issuedAt;
+        if (late > M) this.beyondBound.push(`${op} ${key} landed ${late} ms after it was issued`);
+        this.log.push(`${w.now()} ${op} ${key} lands (issued at ${s.issuedAt})`);
+        apply().then((v) => { outcome = { ok: true, v }; }, (e: unknown) => { outcome = { ok: false, e }; }).finally(() => this.onLand(s));
+      };
+      if (fate.landMs === 'held') this.held.set(s, doLand);
+      else if (fate.landMs !== null) w.setTimeout(doLand, fate.landMs);
+      w.setTimeout(() => {
+        if (outcome === null) {
+          reject(fate.landMs === null && fate.error ? fate.error() : new TimeoutError(`${op} ${key}: no answer within ${fate.replyMs} ms (test network)`));
+        } else if (outcome.ok) resolve(outcome.v);
+        else reject(outcome.e);
+      }, fate.replyMs);
+    });
+  }
+
+  get(key: string, range?: ByteRange): Promise<Buffer> { return this.request('get', key, () => this.inner.get(key, range)); }
+  head(key: string): Promise<ObjectHead | null> { return this.request('head', key, () => this.inner.head(key)); }
+  put(key: string, body: Buffer, options?: PutOptions): Promise<void> {
+    const copy = Buffer.from(body);
+    return this.request('put', key, () => this.inner.put(key, copy, options), copy);
+  }
+  delete(key: string): Promise<void> { return this.request('delete', key, () => this.inner.delete(key)); }
+  async *list(prefix: string, options?: ListOptions): AsyncIterable<ObjectInfo> {
+    const items = await this.request('list', prefix, () => listAll(this.inner, prefix, options));
+    yield* items;
+  }
+  close(): Promise<void> { return Promise.resolve(); }
+}
+
+function setup(retry: { attempts: number; delayMs: number } = { attempts: 4, delayMs: 100 }) {
+  const world = new TestWorld();
+  const inner = new MemoryObjectStore('memory:', () => world.wallTime());
+  const net = new Network(inner, world);
+  const store = new RetryingObjectStore(net, {
+    attempts: retry.attempts, baseDelayMs: retry.delayMs, maxDelayMs: retry.delayMs, random: () => 0.5,
+    sleep: (ms) => world.sleep(ms), now: () => world.now(),
+  });
+  const cache = BlockCache.open({ capacityBytes: 16 * MiB });
+  const catalog = new StoreCatalog({ store, log: silentLogger(), cache: () => cache, volume: { world, maxOperationMs: M, segmentBytes: MiB } });
+  const metas = async (): Promise<string[]> => (await listAll(inner, 'vol/')).map((o) => o.key).filter((k) => k.endsWith('/meta'));
+  const records = async (): Promise<string[]> => (await listAll(inner, keys.volumesPrefix)).map((o) => o.key);
+  return { world, inner, net, store, catalog, metas, records };
+}
+
+test('the test world: the bounds these tests assume', (t) => {
+  const b = timeBounds(M);
+  t.is(b.forkBudgetMs, M / 2);
+  t.true(b.minGraceMs <= G);
+});
+
+// ------------------------------------------------------------------ F1
+
+test('F1: every try of the undo\'s delete lands late, the second more than M after the first was issued; the fork made again survives them', async (t) => {
+  const s = setup();
+  await s.world.drive(s.catalog.create('src', 64 * MiB));
+  let slowPut = true;
+  let deleteTries = 0;
+  const late: Sent[] = [];
+  s.net.fate = (r) => {
+    // Attempt 1: its name lands at once but the reply takes longer than the budget: undone.
+    if (r.op === 'put' && r.key === keys.volumeRecord('f') && slowPut) { slowPut = false; return { landMs: 5, replyMs: M / 2 + 1_000 }; }
+    // The undo's delete: its first two tries get no answer (the client gives up after 2 s and
+    // the retrying store tries again) and land 9 s after they were issued; the third is normal.
+    if (r.op === 'delete' && r.key === keys.volumeRecord('f') && ++deleteTries <= 2) { late.push(r); return { landMs: 0.9 * M, replyMs: 2_000 }; }
+    return NORMAL;
+  };
+  const info = await s.world.drive(s.catalog.fork('src', 'f'));
+  t.is(info.name, 'f');
+  const made = await s.world.drive(s.catalog.record('f'));
+  await s.world.quiesce(); // the late deletes land
+  t.is(late.length, 2, 'two tries of the undo\'s delete were sent and landed late');
+  t.true(late[1]!.issuedAt + 0.9 * M > late[0]!.issuedAt + M, 'the second try lands more than M after the first was issued');
+  t.deepEqual(s.net.beyondBound, [], 'no request landed more than M after it was issued');
+  const rec = await s.world.drive(s.catalog.record('f')).catch(() => null);
+  t.truthy(rec, 'the fork whose call returned success still exists');
+  t.is(rec?.id, made.id);
+  t.truthy(await s.inner.head(keys.meta(made.id)));
+  t.is((await s.metas()).length, 2, 'metas of src and f only: the undone attempt\'s is gone');
+});
+
+test('F1: a late try of the undone attempt\'s own name put lands right after the undo\'s delete; the fork is made again, not shadowed', async (t) => {
+  const s = setup();
+  await s.world.drive(s.catalog.create('src', 64 * MiB));
+  let first: Sent | null = null;
+  s.net.fate = (r) => {
+    // Attempt 1's first name put gets no answer within 6 s (more than the budget) and is
+    // held; the retrying store tries again, and that try lands: attempt 1 is over budget.
+    if (r.op === 'put' && r.key === keys.volumeRecord('f') && first === null) { first = r; return { landMs: 'held', replyMs: M / 2 + 1_000 }; }
+    return NORMAL;
+  };
+  // The held first try lands 20 ms after the undo's delete did (within M of its issue): the
+  // name holds the undone attempt's record again, before the next attempt puts it.
+  s.net.onLand = (r) => {
+    if (r.op === 'delete' && r.key === keys.volumeRecord('f') && first !== null && s.net.held.has(first)) {
+      const f = first;
+      s.world.setTimeout(() => s.net.land(f), 20);
+    }
+  };
+  const info = await s.world.drive(s.catalog.fork('src', 'f').then((v) => v, (err: unknown) => err as Error));
+  t.false(info instanceof Error, `the fork succeeds${info instanceof Error ? `, not: ${info.message}` : ''}`);
+  await s.world.quiesce();
+  t.truthy(first, 'the first try was held');
+  t.false(s.net.held.has(first!), 'and it landed');
+  t.true(s.net.log.some((l) => l.includes(`put ${keys.volumeRecord('f')} lands (issued at ${first!.issuedAt})`)));
+  t.deepEqual(s.net.beyondBound, [], 'no request landed more than M after it was issued');
+  const undoneId = (JSON.parse(first!.body!.toString()) as { id: string }).id;
+  const rec = await s.world.drive(s.catalog.record('f'));
+  t.not(rec.id, undoneId, 'the name holds the fork made again, not the undone attempt');
+  t.truthy(await s.inner.head(keys.meta(rec.id)), 'the fork names a meta that exists');
+  t.is(await s.inner.head(keys.meta(undoneId)), null, 'the undone attempt\'s meta is gone');
+  t.is((await s.metas()).length, 2, 'metas of src and f only');
+});
+
+// ------------------------------------------------------------------ F3
+
+test('F3: a create whose name put resolves only after GC deleted its meta: the created volume has its meta and forks open', async (t) => {
+  const s = setup({ attempts: 1, delayMs: 100 });
+  // An outage of the name: each try gets no answer for 25 s and never lands, until the
+  // third, issued at about 50 s, which lands 9 s after it was issued (within M).
+  let tries = 0;
+  s.net.fate = (r) => {
+    if (r.op === 'put' && r.key === keys.volumeRecord('v')) {
+      tries++;
+      if (tries <= 2) return { landMs: null, replyMs: 25_000, error: () => new StoreUnavailableError('503 Slow Down (test network)') };
+      if (tries === 3) return { landMs: 0.9 * M, replyMs: 0.9 * M + 10 };
+    }
+    return NORMAL;
+  };
+  // GC runs while the create is in progress: the first (at 21 s) marks v's meta (older than
+  // G, no record names it) and writes its mark after its fixed-point wait (M/2); the second
+  // (at 48 s, its mark G old by its clock) deletes it, at about 53 s, before the name lands.
+  const gcRuns: Promise<unknown>[] = [];
+  const gc = (): void => { gcRuns.push(collectGarbage(s.catalog, { graceMs: G, maxOperationMs: M, world: s.world })); };
+  s.world.setTimeout(gc, G + 1_000);
+  s.world.setTimeout(gc, 48_000);
+  const created = await s.world.drive(s.catalog.create('v', 64 * MiB).then((v) => v, (err: unknown) => err));
+  await s.world.drive(Promise.all(gcRuns));
+  const results = await Promise.all(gcRuns) as { deletedObjects: number }[];
+  t.is(results.length, 2);
+  t.true(results[1]!.deletedObjects >= 1, 'the second GC run deleted the meta of the attempt in progress');
+  t.deepEqual(s.net.beyondBound, [], 'no request landed more than M after it was issued');
+  await s.world.quiesce();
+  if (created instanceof Error) {
+    // Failing is fine if it says so and leaves nothing behind.
+    t.true(isBatonError(created, 'BATON_ERR_TIMEOUT'), created.message);
+    t.regex(created.message, /nothing was created/);
+    t.deepEqual(await s.records(), []);
+    return;
+  }
+  const rec = await s.world.drive(s.catalog.record('v'));
+  t.truthy(await s.inner.head(keys.meta(rec.id)), 'the created volume has its meta');
+  t.deepEqual(await s.metas(), [keys.meta(rec.id)], 'and only its own (the undone attempt\'s is gone)');
+  await s.world.drive(s.catalog.fork('v', 'f'));
+  const opened = await s.world.drive(s.catalog.open('f', { readOnly: true }));
+  t.is(opened.backend.size, 64 * MiB, 'a fork of it opens (its ancestry is whole)');
+  await s.world.drive(opened.close());
+  // GC afterwards keeps it whole.
+  for (let i = 0; i < 2; i++) {
+    await s.world.drive(s.world.sleep(G + 1));
+    await s.world.drive(collectGarbage(s.catalog, { graceMs: G, maxOperationMs: M, world: s.world }));
+  }
+  t.truthy(await s.inner.head(keys.meta(rec.id)), 'GC keeps the meta of the record that names it');
+});
+
+test('a create slower than the budget every time: TimeoutError, nothing created, nothing left behind', async (t) => {
+  const s = setup();
+  s.net.fate = (r) => (r.op === 'put' && r.key === keys.volumeRecord('v') ? { landMs: 5, replyMs: M / 2 + 1_000 } : NORMAL);
+  const err = await s.world.drive(s.catalog.create('v', 64 * MiB).then(() => null, (e: unknown) => e as Error));
+  t.truthy(err, 'the create fails');
+  t.true(isBatonError(err, 'BATON_ERR_TIMEOUT'), err?.message);
+  t.regex(err!.message, /creating v took too long.*nothing was created/);
+  await s.world.quiesce();
+  t.deepEqual(await s.records(), []);
+  t.deepEqual(await s.metas(), []);
+  t.true(s.world.now() >= 3 * M, 'each undone attempt was waited out (M) before the next');
+});
+
+test('a fork whose source is removed while it is made: NotFound, and a late try of its name put does not leave it behind', async (t) => {
+  const s = setup();
+  await s.world.drive(s.catalog.create('src', 64 * MiB));
+  let first: Sent | null = null;
+  s.net.fate = (r) => {
+    // The fork's first name put is held (no answer in 2 s, within the budget); the retry lands.
+    if (r.op === 'put' && r.key === keys.volumeRecord('f') && first === null) { first = r; return { landMs: 'held', replyMs: 2_000 }; }
+    return NORMAL;
+  };
+  s.net.onLand = (r) => {
+    // As the retried name put lands, the source is removed (rm on another host); the held
+    // try lands 20 ms after the fork's undo deleted the name (within M of its issue).
+    if (r.op === 'put' && r.key === keys.volumeRecord('f') && r !== first) void s.inner.delete(keys.volumeRecord('src'));
+    if (r.op === 'delete' && r.key === keys.volumeRecord('f') && first !== null && s.net.held.has(first)) {
+      const f = first;
+      s.world.setTimeout(() => s.net.land(f), 20);
+    }
+  };
+  const err = await s.world.drive(s.catalog.fork('src', 'f').then(() => null, (e: unknown) => e as Error));
+  t.true(isBatonError(err, 'BATON_ERR_NOT_FOUND'), err?.message);
+  t.regex(err!.message, /src was removed while f was being made from it; nothing was created/);
+  await s.world.quiesce();
+  t.false(s.net.held.has(first!), 'the held try landed');
+  t.deepEqual(s.net.beyondBound, []);
+  t.deepEqual(await s.records(), [], 'nothing was created, as it says');
+  t.is((await s.metas()).length, 1, 'the source\'s meta only (rm by hand left it; GC takes it)');
+});
