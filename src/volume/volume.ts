@@ -415,6 +415,9 @@ export class Volume implements BlockBackend {
    *   fenced, and it never acknowledged that commit.
    * - Two hosts racing to acquire: Redis lets one win; if both believed they won, the
    *   create-only takeover puts still order them, and the earlier one is fenced by the later.
+   * - Our own map is old (found by the simulator, seed 93471): its next position may be one
+   *   GC freed, below the real end. The create-only put then succeeds in a hole; landing is
+   *   confirmed only once no record sits above it (below), else we reload and go again.
    */
   async takeover(token: number): Promise<void> {
     for (let attempt = 0; attempt < 20; attempt++) {
@@ -435,6 +438,19 @@ export class Volume implements BlockBackend {
         continue;
       }
       this.landRecord(key, header, dataStart, body.length);
+      // A free position is not always the end of the log: GC frees positions below the
+      // newest checkpoint, so a map loaded long ago (an open that waited through an outage
+      // or a re-acquire) may name one of those as its next. A takeover landed there is in
+      // no chain (recovery starts above it, "The log is a chain"), so nobody would ever
+      // see it or the commits after it: acknowledging those would lose them. GC never
+      // frees the top record of a live log, so the position was the end if and only if
+      // no record sits above it. Otherwise: reload from the newest checkpoint, try again
+      // at the real end (the orphan record stays in its hole; GC collects it).
+      if (await this.logContinuesAfter(seq)) {
+        this.log.warn({ seq, token }, 'takeover landed at a log position garbage collection had freed (this map was older than the log); reloading and trying again at the end of the log');
+        await this.reload();
+        continue;
+      }
       this.token = token;
       this.log.info({ seq, token }, 'takeover record committed');
       // A fork's first checkpoint flattens its ancestry: later opens need no parent at all.
@@ -551,6 +567,11 @@ export class Volume implements BlockBackend {
       if (!(err instanceof CorruptError) && !(err instanceof NotFoundError)) throw err;
       this.log.info({ err: errorMessage(err) }, 'log moved past this view; reloading from the newest checkpoint');
     }
+    await this.reload();
+  }
+
+  /** Replace the committed map by a fresh recovery (newest checkpoint + log), swapped in whole. */
+  private async reload(): Promise<void> {
     const fresh = await Volume.open(this.record, this.opts);
     this.committed = fresh.committed;
     this.nextSeq = fresh.nextSeq;
@@ -558,6 +579,15 @@ export class Volume implements BlockBackend {
     this.highestTokenSeen = fresh.highestTokenSeen;
     this.lastCheckpointSeq = fresh.lastCheckpointSeq;
     this.mapLoadedAt = fresh.mapLoadedAt;
+  }
+
+  /** Whether any log record sits above position `seq` (one LIST, stopped at the first key). */
+  private async logContinuesAfter(seq: number): Promise<boolean> {
+    for await (const o of this.store.list(keys.logPrefix(this.id), { startAfter: keys.log(this.id, seq) })) {
+      void o;
+      return true;
+    }
+    return false;
   }
 
   /** A writer's map is the truth only while it holds the lease (setWriteDeadline) and is not fenced. */

@@ -356,3 +356,24 @@ test('F2 (simulator): a fenced writer answers no read', async (t) => {
   await t.throwsAsync(a.read(0, 4096), { instanceOf: FencedError });
   await b.close();
 });
+
+test('simulator seed 93471: a takeover through a map older than the log never lands in a position GC freed (its acknowledged writes would be in no chain)', async (t) => {
+  const { catalog, host, view, gcTwice } = setup({ checkpointEvery: 2 });
+  await catalog.create('v', 4 * MiB);
+  const a = await host('v', null); // A opens v (its map: an empty log), then waits a long while to take over
+  const b = await host('v', 1);
+  for (let i = 0; i < 6; i++) { // B's commits move the log on; its checkpoints let GC free the positions below
+    await b.write(i * 4096, fill(4096, 0x20 + i), false);
+    await b.flush();
+  }
+  await b.close();
+  await gcTwice();
+  await a.takeover(5); // A's map says position 1 is next: GC freed it
+  t.is((await a.read(0, 1))[0], 0x20, 'the new holder reads what B acknowledged');
+  await a.write(8 * 4096, fill(4096, 0x55), false);
+  await a.flush(); // acknowledged: a fresh recovery must see it
+  await a.close();
+  const fresh = await view('v');
+  t.is((await fresh.read(8 * 4096, 1))[0], 0x55, 'A\'s acknowledged write is in the log everyone recovers');
+  t.is((await fresh.read(5 * 4096, 1))[0], 0x25);
+});
