@@ -137,6 +137,7 @@ async function connection(run: SimRun, node: Node, s: Served, l: Live, rng: Rng)
       for (let i = rng.int(1, 8); i > 0 && conn.open && run.take(node, `${what}: read`); i--) {
         const off = rng.int(0, vol.size / 4096 - 1) * 4096;
         await checkedRead(run, node, vol, null, off, 4096 * rng.int(1, Math.min(8, vol.size / 4096 - off / 4096)), () => run.model.stamp(), what, null, l.vm);
+        attachedToClosed(run, conn, vol, what);
       }
       return;
     }
@@ -147,10 +148,25 @@ async function connection(run: SimRun, node: Node, s: Served, l: Live, rng: Rng)
     if (rng.chance(0.6)) await readBack(run, node, vol, session, lease, rng, what);
     for (let i = rng.int(1, 30); i > 0 && conn.open && !vol.isFenced && run.take(node, `${what}: request`); i--) {
       await clientOp(run, node, vol, session, lease, rng, busy, what);
+      attachedToClosed(run, conn, vol, what);
       if (rng.chance(0.3)) await node.proc.sleep(rng.logUniform(1, 5000));
     }
   } finally {
+    attachedToClosed(run, conn, handle.backend as Volume, what);
     s.conns.delete(conn);
     if (conn.open) { conn.open = false; handle.release(); }
+  }
+}
+
+/**
+ * A connection the server never ended, whose volume was closed under it (17.1): its writes
+ * fail forever and its reads answer from a map nobody maintains any more, while another host
+ * may serve the volume. Every client of a volume that leaves service must be disconnected.
+ */
+function attachedToClosed(run: SimRun, conn: Conn, vol: Volume, what: string): void {
+  const closed = (vol as unknown as { closed?: unknown }).closed;
+  if (typeof closed !== 'boolean') throw new Error('Volume has no `closed` flag any more: update attachedToClosed() in test/sim/served.ts');
+  if (conn.open && closed) {
+    run.fail(new Violation('client-on-closed-volume', `${what}: the volume this client is attached to was closed, but its connection was never ended (a client left behind on a closed volume)`));
   }
 }
