@@ -150,6 +150,10 @@ async function connection(run: SimRun, node: Node, s: Served, l: Live, rng: Rng)
   const conn: Conn = { name: l.name, handle, open: true };
   s.conns.add(conn);
   const since = Math.min(issued, ...pend);
+  if ((handle.backend as Volume).isFenced) {
+    // A fenced volume is terminal (9.6): it is dropped, and the next attach recovers the volume from the store.
+    run.fail(new Violation('attached-to-fenced', `${what}: the attach returned a volume that had fenced itself (its writes fail for good): a fenced volume must be dropped, and the next attach must open the volume anew from the store`));
+  }
   try {
     const vol = handle.backend as Volume;
     if (handle.backend.readOnly) {
@@ -175,6 +179,12 @@ async function connection(run: SimRun, node: Node, s: Served, l: Live, rng: Rng)
       return;
     }
     const busy = new Set<number>();
+    // A mounted filesystem nobody uses for a while: attached (the volume taken over, nothing
+    // committed since), idle for seconds to minutes.
+    if (rng.chance(0.2)) {
+      await node.proc.sleep(rng.logUniform(5000, 120_000));
+      if (!conn.open) return; // disconnected meanwhile (handoff, lost lease, shutdown)
+    }
     if (rng.chance(0.6)) await readBack(run, node, vol, session, lease, rng, what);
     for (let i = rng.int(1, 30); i > 0 && conn.open && !vol.isFenced && run.take(node, `${what}: request`); i--) {
       await clientOp(run, node, vol, session, lease, rng, busy, what);
