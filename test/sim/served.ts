@@ -150,11 +150,14 @@ async function connection(run: SimRun, node: Node, s: Served, l: Live, rng: Rng)
   const conn: Conn = { name: l.name, handle, open: true };
   s.conns.add(conn);
   const since = Math.min(issued, ...pend);
-  if ((handle.backend as Volume).isFenced) {
-    // A fenced volume is terminal (9.6): it is dropped, and the next attach recovers the volume from the store.
-    run.fail(new Violation('attached-to-fenced', `${what}: the attach returned a volume that had fenced itself (its writes fail for good): a fenced volume must be dropped, and the next attach must open the volume anew from the store`));
-  }
   try {
+    // The handshake's last reply travels to the client and its first request back (a round
+    // trip: no request can arrive before the server's session holds the export).
+    await node.proc.sleep(1);
+    if (conn.open && (handle.backend as Volume).isFenced) {
+      // A fenced volume is terminal (9.6): it is dropped, and the next attach recovers the volume from the store.
+      run.fail(new Violation('attached-to-fenced', `${what}: the attach returned a volume that had fenced itself (its writes fail for good): a fenced volume must be dropped, and the next attach must open the volume anew from the store`));
+    }
     const vol = handle.backend as Volume;
     if (handle.backend.readOnly) {
       // A snapshot: reads of a fixed map.
