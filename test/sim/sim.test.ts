@@ -25,6 +25,7 @@ const STEPS = Number(process.env.SIM_STEPS ?? 300);
  * simulator's branch). The fixed engine must pass each.
  */
 const REGRESSIONS: { item: string; seed: number; steps: number; workload: 'engine' | 'served'; off?: string[] }[] = [
+  { item: '9.2 (revert table)', seed: 739, steps: 299, workload: 'engine' },
   { item: '9.6 (revert table)', seed: 20, steps: 62, workload: 'engine', off: ['outages', 'pauses', 'crashes', 'retries', 'gc', 'forks', 'rm', 'compact', 'views'] },
   { item: '17.1 (revert table)', seed: 1, steps: 7, workload: 'served', off: ['errors', 'ambiguous', 'outages', 'crashes', 'slow', 'lease', 'retries', 'gc', 'forks', 'rm', 'compact', 'views'] },
   { item: '17.5 (revert table)', seed: 1, steps: 233, workload: 'served', off: ['errors', 'ambiguous', 'slow', 'outages', 'crashes', 'retries', 'gc', 'forks', 'rm', 'compact', 'views'] },
