@@ -514,34 +514,7 @@ class RedisLease extends RenewingLease {
     return Number(r) === 1;
   }
 
-  #recheckWanted = false;
-  #rechecking = false;
-
-  /**
-   * A message on the volume's channel: a doorbell, never an instruction (see the header).
-   * Anyone can PUBLISH, so what it says (`to`, `id`) is not used; a renewal re-reads the
-   * lease record and acts on the handoff request recorded there (RenewingLease.noticeHandoff)
-   * or finds the lease gone (revoked, taken) and fires onLost. The token filter only saves
-   * round trips for messages about other leases of the volume; it is no check (the token is
-   * public). At most one re-check runs, plus one queued behind it for messages that arrive
-   * meanwhile: a flood of messages costs one renewal at a time, not one per message.
-   */
-  message(msg: Record<string, unknown>): void {
-    if ((msg.type !== 'handoff' && msg.type !== 'revoked') || str(msg.token) !== String(this.token)) return;
-    this.#recheckWanted = true;
-    if (this.#rechecking) return;
-    this.#rechecking = true;
-    void (async () => {
-      try {
-        while (this.#recheckWanted && this.held) {
-          this.#recheckWanted = false;
-          await this.renewNow();
-        }
-      } finally {
-        this.#rechecking = false;
-      }
-    })();
-  }
+  // message(): RenewingLease's (a doorbell, never an instruction); the simulator's lease runs the same code.
 }
 
 export class RedisLeaseManager implements LeaseManager {

@@ -271,6 +271,36 @@ export abstract class RenewingLease implements Lease {
     for (const cb of [...this.#handoffCbs]) this.#call(cb, to);
   }
 
+  #recheckWanted = false;
+  #rechecking = false;
+
+  /**
+   * A message on the lease's notification channel (Redis pub/sub, redis.ts): a doorbell,
+   * never an instruction. Anyone who can reach the lease store can PUBLISH, so what it says
+   * (`to`, `id`) is not used; a renewal re-reads the lease record and acts on the handoff
+   * request recorded there (noticeHandoff) or finds the lease gone (revoked, taken) and fires
+   * onLost. The token filter only saves round trips for messages about other leases of the
+   * volume; it is no check (the token is public). At most one re-check runs, plus one queued
+   * behind it for messages that arrive meanwhile: a flood of messages costs one renewal at a
+   * time, not one per message. (Here rather than in redis.ts so the simulator's lease runs it.)
+   */
+  message(msg: Record<string, unknown>): void {
+    if ((msg.type !== 'handoff' && msg.type !== 'revoked') || String(msg.token ?? '') !== String(this.token)) return;
+    this.#recheckWanted = true;
+    if (this.#rechecking) return;
+    this.#rechecking = true;
+    void (async () => {
+      try {
+        while (this.#recheckWanted && this.held) {
+          this.#recheckWanted = false;
+          await this.renewNow();
+        }
+      } finally {
+        this.#rechecking = false;
+      }
+    })();
+  }
+
   protected lose(reason: string): void {
     if (this.#state !== 'held') return;
     this.#state = 'lost';

@@ -10,6 +10,14 @@
  * or, while the host is cut off from the service, fail. The held lease is the real
  * RenewingLease of src/lease/renewing.ts, given the process's World: renewals every TTL/3, the
  * local deadline validUntil, onLost and handoff requests all run on simulated time.
+ *
+ * Pub/sub, as with Redis: a handoff request, a release and a revoke PUBLISH on the volume's
+ * channel (a message carries the token, as the real scripts' do), and a holder subscribed to
+ * it gets the message after a latency (lost while its host is cut off: pub/sub is at most
+ * once). A message reaches the real RenewingLease.message. Anyone who can reach Redis can
+ * PUBLISH too: the forger (`forge`) sends messages nobody asked for on held volumes' channels
+ * (a handoff to another host, to the holder itself or to a name no host has, with the
+ * current token, which `baton status` shows), as a user with Redis access can.
  */
 
 import { LeaseHeldError, StoreUnavailableError } from '../../src/errors.js';
@@ -27,6 +35,8 @@ interface Rec {
   reservedFor?: string;
   handoffRequestedBy?: string;
   handoffId?: string;
+  /** Every host that asked (requestHandoff) for this holder's lease. */
+  requesters?: Set<string>;
   status?: LeaseStatus;
 }
 
@@ -47,6 +57,12 @@ export class SimLeaseService {
   requests = 0;
   /** Every token handed out (a takeover may follow under it). */
   onGrant: (volume: string, token: number) => void = () => {};
+  /** A holder gave the volume to `to` (release with a reservation); `requested`: the record held a request from `to`. */
+  onHandoff: (volume: string, holder: string, to: string, requested: boolean) => void = () => {};
+  private readonly subs = new Map<string, Set<(msg: Record<string, unknown>) => void>>();
+  /** Messages published (real and forged). */
+  published = 0;
+  forged = 0;
   constructor(readonly sim: Sim, readonly ttlMs: number) {}
 
   private live(volume: string): Rec | null {
@@ -79,7 +95,11 @@ export class SimLeaseService {
     const r = this.live(volume);
     if (!r || r.holder !== holder || r.token !== token) return false;
     if (to === undefined) this.recs.delete(volume);
-    else this.recs.set(volume, { holder: '', token: r.token, expiresAt: this.sim.now + this.ttlMs, reservedFor: to });
+    else {
+      this.onHandoff(volume, holder, to, r.requesters?.has(to) ?? false);
+      this.recs.set(volume, { holder: '', token: r.token, expiresAt: this.sim.now + this.ttlMs, reservedFor: to });
+    }
+    this.publish(volume, { type: 'released', token: String(r.token) });
     return true;
   }
 
@@ -89,6 +109,49 @@ export class SimLeaseService {
     if (r.holder === to) throw alreadyHolderError(volume, to);
     r.handoffRequestedBy = to;
     r.handoffId = String(++this.handoffIds);
+    (r.requesters ??= new Set()).add(to);
+    this.publish(volume, { type: 'handoff', to, id: r.handoffId, token: String(r.token) });
+  }
+
+  /** PUBLISH on the volume's channel: every subscriber's handler is called (it adds its own latency). */
+  publish(volume: string, msg: Record<string, unknown>): void {
+    this.published++;
+    for (const fn of [...(this.subs.get(volume) ?? [])]) fn(msg);
+  }
+
+  subscribe(volume: string, fn: (msg: Record<string, unknown>) => void): () => void {
+    let set = this.subs.get(volume);
+    if (!set) this.subs.set(volume, set = new Set());
+    set.add(fn);
+    return () => { set.delete(fn); };
+  }
+
+  /**
+   * The forger: every so often (mean gap `gapMs`) a PUBLISH nobody asked for, on the channel
+   * of a volume someone holds, with that lease's current token: a handoff to another host, to
+   * the holder itself, or to a host that does not exist; now and then a burst of them, or a
+   * "revoked". Runs until `stop()` says so.
+   */
+  forge(rng: Rng, hosts: () => string[], gapMs: number, stop: () => boolean): void {
+    const next = (): void => {
+      this.sim.after(rng.logUniform(gapMs / 10, gapMs * 3), () => {
+        if (stop()) return;
+        const held = [...this.recs.entries()].filter(([v]) => this.holderOf(v) !== null);
+        if (held.length > 0) {
+          const [volume, r] = rng.pick(held);
+          const names = hosts();
+          const n = rng.chance(0.2) ? rng.int(2, 20) : 1;
+          for (let i = 0; i < n; i++) {
+            const to = rng.chance(0.2) ? r.holder : rng.chance(0.2) ? 'mallory' : rng.pick(names);
+            const msg = rng.chance(0.1) ? { type: 'revoked', token: String(r.token) } : { type: 'handoff', to, id: `forged-${rng.int(1, 1e9)}`, token: String(r.token) };
+            this.forged++;
+            this.publish(volume, msg);
+          }
+        }
+        next();
+      });
+    };
+    next();
   }
 
   inspect(volume: string): LeaseRecord | null {
@@ -107,6 +170,7 @@ export class SimLeaseService {
   revoke(volume: string): boolean {
     const r = this.live(volume);
     this.recs.delete(volume);
+    if (r) this.publish(volume, { type: 'revoked', token: String(r.token) });
     return !!r && r.holder !== '';
   }
 
@@ -119,6 +183,8 @@ export class SimLeaseService {
 
 class SimLease extends RenewingLease {
   constructor(private readonly mgr: SimLeaseManager, a: RenewingLeaseArgs) { super(a); }
+  /** Unsubscribes from the volume's channel (set by the manager). */
+  unsubscribe: () => void = () => {};
   protected renewOnce(status: LeaseStatus | undefined): Promise<RenewResult> {
     return this.mgr.call('renew', (s) => s.renew(this.volume, this.holder, this.token, status));
   }
@@ -185,15 +251,32 @@ export class SimLeaseManager implements LeaseManager {
       if ('token' in r) {
         const lease: SimLease = new SimLease(this, {
           volume, holder, token: r.token, ttlMs: this.service.ttlMs, startedAt, renew: true, log: this.log, world: this.proc,
-          ended: () => { this.leases.delete(lease); },
+          ended: () => { this.leases.delete(lease); lease.unsubscribe(); },
         });
         this.leases.add(lease);
+        lease.unsubscribe = this.subscribe(volume, lease);
         lease.start();
         return lease;
       }
       if (this.proc.now() >= deadline) throw r.err;
       await this.proc.sleep(Math.min(this.pollMs, deadline - this.proc.now()));
     }
+  }
+
+  /**
+   * The holder's subscription to the volume's channel (redis.ts subscribes before acquiring;
+   * here from the grant on, which is when a lease exists to deliver to). A message travels
+   * from the service with a latency and arrives as a timer of this process; it is lost while
+   * the host is cut off from the service, or once the process is gone.
+   */
+  private subscribe(volume: string, lease: SimLease): () => void {
+    const proc = this.proc;
+    const svc = this.service;
+    return svc.subscribe(volume, (msg) => {
+      if (proc.dead || svc.cut.has(proc.host.name)) return;
+      const f = this.faults();
+      proc.setTimeout(() => { if (!svc.cut.has(proc.host.name)) lease.message(msg); }, this.rng.logUniform(f.latencyMs[0], f.latencyMs[1]));
+    });
   }
 
   /** The lease this process holds for `volume`, if any (for the model: its deadline). */

@@ -274,6 +274,10 @@ export class SimRun {
     if (opts.verbose) this.server.traceApply = (line) => this.note(line);
     this.leaseService = new SimLeaseService(this.sim, this.config.ttlMs);
     this.leaseService.onGrant = (name, token) => this.granted(name, token);
+    this.leaseService.onHandoff = (name, holder, to, requested) => {
+      // A holder gives a volume away only to a host that asked for it in the lease record (17.5).
+      if (!requested) this.fail(new Violation('unrequested-handoff', `${holder} handed ${name} over to ${to}, but ${to} never asked for it in the lease record (the holder acted on something else: a forged or stale message?)`));
+    };
     this.model = new Model(this.sim, (v) => this.fail(v));
     this.storeFaults = this.config.store;
     this.leaseFaults = this.config.lease;
@@ -556,6 +560,7 @@ export class SimRun {
         await this.setup();
         this.hosts.forEach((h, i) => this.startProcess(h, i));
         this.scheduleFaults();
+        if (this.on('lease')) this.leaseService.forge(this.sim.rng.derive('forger'), () => this.hosts.map((h) => h.name), this.config.faultGapMs, () => this.stopping || this.healed);
         const tick = (): void => { if (!done) { this.watchdog(); this.checkBounds(); this.sim.after(5000, tick); } };
         tick();
         // Wind down: the budget runs out, the actors end.
@@ -588,6 +593,7 @@ export class SimRun {
     for (const [k, v] of Object.entries(this.server.stats)) stats[`store.${k}`] = v;
     for (const [k, v] of Object.entries(this.model.stats)) stats[`model.${k}`] = v;
     stats.leaseRequests = this.leaseService.requests;
+    stats.leaseForged = this.leaseService.forged;
     return {
       seed: this.opts.seed, steps: this.opts.steps, off: [...this.off], workload: this.workloadName, ok: this.violation === null, violation: this.violation,
       trace: this.trace, stats, simMs: this.sim.now, events: this.sim.events, realMs: performance.now() - t0, stepsTaken: this.stepsTaken,
