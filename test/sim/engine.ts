@@ -208,11 +208,13 @@ export async function clientOp(run: SimRun, node: Node, vol: Volume, s: Session,
 
 /**
  * A client that writes and flushes in a loop and keeps going when flushes fail (a database's
- * commit loop): through an outage, every failed commit leaves its data buffered.
+ * commit loop): through an outage, every failed commit leaves its data buffered. Now and then
+ * it is a long-lived one (a database that commits for minutes, through whatever outage comes:
+ * failed commit after failed commit, each leaving buffered data behind).
  */
 async function burst(run: SimRun, node: Node, vol: Volume, s: Session, lease: Lease, rng: Rng, busy: Set<number>, what: string): Promise<void> {
   const model = run.model;
-  const n = rng.int(5, 60);
+  const n = rng.chance(0.2) ? rng.int(100, 250) : rng.int(5, 60);
   for (let i = 0; i < n && !vol.isFenced && lease.validUntil() > node.proc.now(); i++) {
     const b = rng.int(0, s.vol.nblocks - 1);
     if (busy.has(b)) continue;
@@ -394,7 +396,6 @@ export async function adminActor(run: SimRun, node: Node): Promise<void> {
 }
 
 async function create(run: SimRun, node: Node, rng: Rng): Promise<void> {
-  void rng;
   const name = run.newName('v');
   const catalog = node.catalog('admin');
   let failed: unknown = null;
@@ -404,8 +405,23 @@ async function create(run: SimRun, node: Node, rng: Rng): Promise<void> {
     failed = err;
     run.expect(err, `${node.proc.label} create ${name}`);
   }
-  // Learn the id (also after a failure that may have landed: the verifier adopts it then).
-  if (failed) return;
+  if (failed) {
+    // A create that failed without an answer may have landed. What its error says to do, and
+    // what a user does (or a second create answers "already exists"): look, and if the volume
+    // is there, use it (write it, fork it). Else the verifier adopts one that lands later.
+    if (!(failed instanceof BatonError) || !['STORE_UNAVAILABLE', 'TIMEOUT'].includes(failed.code.replace('BATON_ERR_', '')) || !rng.chance(0.8)) return;
+    await node.proc.sleep(rng.logUniform(100, 10_000));
+    try {
+      const rec = await run.op(node, `record ${name} (after its create failed)`, () => catalog.record(name));
+      run.live.set(name, { name, vm: run.model.volume(rec.id, name, 'volume', run.config.blocks, null), users: 0, removing: false, unknown: false });
+      run.count('adoptedAfterFailedCreate');
+      run.note(`  ${name} is there after its create failed (${rec.id}): in use from now on`);
+    } catch (err) {
+      run.expect(err, `${node.proc.label} record ${name} (after its create failed)`, ['NOT_FOUND']);
+    }
+    return;
+  }
+  // Learn the id.
   try {
     const rec = await run.op(node, `record ${name}`, () => catalog.record(name));
     run.live.set(name, { name, vm: run.model.volume(rec.id, name, 'volume', run.config.blocks, null), users: 0, removing: false, unknown: false });

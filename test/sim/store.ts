@@ -286,16 +286,17 @@ export class SimStoreClient implements ObjectStore {
       let settled = false;
       const settle = (fn: () => void): void => { if (!settled) { settled = true; fn(); } };
       const timer = proc.setTimeout(() => settle(() => reject(new TimeoutError(`${what}: no answer within ${f.timeoutMs} ms from ${this.description}`))), f.timeoutMs);
-      const reply = (err: unknown, value?: T): void => {
-        // The reply travels back; a host cut off meanwhile never gets it.
+      const reply = (err: unknown, value?: T, refusal = false): void => {
+        // The reply travels back; a host cut off meanwhile never gets it. A refusal is the
+        // cut itself answering (a refused connection): it arrives after the latency, not as a timeout.
         proc.setTimeout(() => {
-          if (server.cut.has(proc.host.name)) return; // lost on the way: the timeout fires
+          if (!refusal && server.cut.has(proc.host.name)) return; // lost on the way: the timeout fires
           proc.clearTimeout(timer);
           settle(() => (err !== undefined ? reject(err) : resolve(value as T)));
         }, this.latency(f));
       };
       const cut = server.cut.get(proc.host.name);
-      if (cut === 'refuse') { st.refused++; reply(new StoreUnavailableError(`${what}: connection refused by ${this.description} (this host is cut off)`)); return; }
+      if (cut === 'refuse') { st.refused++; reply(new StoreUnavailableError(`${what}: connection refused by ${this.description} (this host is cut off)`), undefined, true); return; }
       if (cut === 'blackhole') { st.noReplies++; return; }
       const r = this.rng.float();
       let fate: 'ok' | 'failBefore' | 'lostReply' | 'noReplyApplied' | 'noReplyDropped' = 'ok';
