@@ -119,6 +119,8 @@ export class SimStoreServer {
   pauseBeforeSend: (proc: Proc, what: string, commitPoint: boolean) => boolean = () => false;
   /** With --verbose: every request as it is applied (and its fate). */
   traceApply: ((line: string) => void) | null = null;
+  /** Until when the store throttles (a spell of 503s, see SimStoreClient.send). */
+  throttledUntil = 0;
   /** Hosts cut off from the store, and how: refused at once, or black-holed (timeouts). */
   readonly cut = new Map<string, 'refuse' | 'blackhole'>();
 
@@ -300,8 +302,14 @@ export class SimStoreClient implements ObjectStore {
       if (cut === 'blackhole') { st.noReplies++; return; }
       const r = this.rng.float();
       let fate: 'ok' | 'failBefore' | 'lostReply' | 'noReplyApplied' | 'noReplyDropped' = 'ok';
-      if (r < f.failBefore) fate = 'failBefore';
-      else if (r < f.failBefore + f.lostReply) fate = 'lostReply';
+      // A store throttles in spells (S3's 503 Slow Down while a partition is over its request
+      // rate): one 503 may start a spell in which most requests, from every host, get one too,
+      // so a few retries in a row can all fail.
+      if (f.failBefore > 0 && sim.now < server.throttledUntil && this.rng.chance(0.7)) fate = 'failBefore';
+      else if (r < f.failBefore) {
+        fate = 'failBefore';
+        if (this.rng.chance(0.3)) server.throttledUntil = Math.max(server.throttledUntil, sim.now + this.rng.logUniform(200, 5000));
+      } else if (r < f.failBefore + f.lostReply) fate = 'lostReply';
       else if (r < f.failBefore + f.lostReply + f.noReply) fate = this.rng.chance(0.5) ? 'noReplyApplied' : 'noReplyDropped';
       let toServer = this.latency(f);
       if (this.rng.chance(f.slow)) { st.slow++; toServer += this.rng.logUniform(1000, 180_000); }
