@@ -374,6 +374,14 @@ export async function adminActor(run: SimRun, node: Node): Promise<void> {
     for (let f = x.vm.fork; f; f = f.source.fork) if (f.source === l.vm) return f !== x.vm.fork;
     return false;
   });
+  // ... only through removed volumes (kept for their relatives): the old base of a lineage whose
+  // direct forks were cleaned up first, removed last (rm must read the removed ones' metas).
+  const onlyThroughRemoved = (l: Live): boolean => [...run.live.values()].some((x) => {
+    const parent = x.vm.fork?.source;
+    if (!parent?.removed) return false;
+    for (let f = parent.fork; f; f = f.source.fork) if (f.source === l.vm) return true;
+    return false;
+  });
   while (run.take(node, 'admin: next')) {
     const r = rng.float();
     const count = [...run.live.values()].filter((l) => !l.removing).length;
@@ -387,7 +395,8 @@ export async function adminActor(run: SimRun, node: Node): Promise<void> {
       if (src) await derive(run, node, src, snap);
     } else if (r < 0.8 && run.on('rm')) {
       // Often one with descendants (kept for its relatives), or an ancestor of such.
-      const l = (rng.chance(0.4) ? run.pick(rng, (x) => x.users === 0 && hasDeepDescendant(x)) : null)
+      const l = (rng.chance(0.4) ? run.pick(rng, (x) => x.users === 0 && onlyThroughRemoved(x)) : null)
+        ?? (rng.chance(0.4) ? run.pick(rng, (x) => x.users === 0 && hasDeepDescendant(x)) : null)
         ?? (rng.chance(0.5) ? run.pick(rng, (x) => x.users === 0 && hasDescendant(x)) : null) ?? run.pick(rng, (x) => x.users === 0);
       if (l) await remove(run, node, l);
     }
