@@ -66,7 +66,9 @@ export const KNOWN_F1 = 'known-F1-late-undo-delete';
 export const KNOWN_F2 = 'known-F2-read-after-lease-deadline';
 /** F3: a create slower than GC's grace: GC deletes its meta before the name lands. */
 export const KNOWN_F3 = 'known-F3-create-outlives-grace';
-export const KNOWN_OPEN: readonly string[] = [KNOWN_F1, KNOWN_F2, KNOWN_F3];
+/** F4: an earlier try of a create's name put lands after the volume was removed: the name is back, without its meta. */
+export const KNOWN_F4 = 'known-F4-late-create-resurrects';
+export const KNOWN_OPEN: readonly string[] = [KNOWN_F1, KNOWN_F2, KNOWN_F3, KNOWN_F4];
 
 /** The time bound of GC's argument (M) and the grace (G = 2M), virtual ms. */
 export const M = 2000;
@@ -316,6 +318,10 @@ export class SimRun {
     // (During the run: a NOT_FOUND naming a volume whose record such a request removed.)
     const names = new Set(v.message.split(/[^A-Za-z0-9@._-]+/));
     const notFound = /NOT_FOUND|was removed while/.test(v.message);
+    const back = [...this.server.resurrectedRecords].find((n) => names.has(n));
+    if (back !== undefined && !KNOWN_OPEN.includes(v.check)) {
+      v = new Violation(KNOWN_F4, `${v.message} [${back} was removed, then a put of its record sent before (an earlier try of its create, whose client had given up) landed: the name is back without its meta]`);
+    }
     if (v.check !== KNOWN_F1 && late.length > 0 && (this.verifying || (notFound && late.some((n) => names.has(n))))) {
       v = new Violation(KNOWN_F1, `${v.message} [in a run where a catalog request landed after its client gave up: ${[...this.server.lateRecordDeletes].map((n) => `delete of ${n}`).concat([...this.server.lateRecordPuts].map((n) => `put of ${n}`)).join(', ')}]`);
     }

@@ -94,6 +94,13 @@ export class SimStoreServer {
   readonly lateRecordDeletes = new Set<string>();
   /** Catalog records created by a put that landed after its client had given up on it (an undone attempt resurrected: F1 too). */
   readonly lateRecordPuts = new Set<string>();
+  /** When each catalog record was last deleted (virtual ms). */
+  private readonly recordDeletedAt = new Map<string, number>();
+  /**
+   * Catalog records brought back by a put that landed after its client had given up on it and
+   * after the record had been removed (an earlier try of a create, landing after `rm`: F4).
+   */
+  readonly resurrectedRecords = new Set<string>();
   /** Volume ids whose meta GC deleted. */
   private readonly gcDeletedMetas = new Set<string>();
   /** ... and that a record created afterwards names (finding F3: a create slower than the grace). */
@@ -168,10 +175,11 @@ export class SimStoreServer {
     return { key, size: e.body.length, lastModified: e.lastModified, etag: e.etag, metadata: { ...e.metadata } };
   }
 
-  put(key: string, body: Buffer, o: PutOptions | undefined, waiting = true): void {
+  put(key: string, body: Buffer, o: PutOptions | undefined, waiting = true, sentAt = this.sim.now): void {
     if (o?.ifNoneMatch === true && this.objects.has(key)) {
       throw new PreconditionFailedError(`put ${key}: object already exists in ${this.description} (create-only put)`);
     }
+    if (!waiting && key.startsWith('volumes/') && (this.recordDeletedAt.get(key) ?? -1) > sentAt) this.resurrectedRecords.add(key.slice('volumes/'.length));
     if (!waiting && key.startsWith('volumes/') && body.includes('"parent"')) this.lateRecordPuts.add(key.slice('volumes/'.length));
     if (key.startsWith('volumes/')) {
       const id = /"id":"([^"]+)"/.exec(body.toString('utf8'))?.[1];
@@ -201,6 +209,7 @@ export class SimStoreServer {
     const putId = this.objects.get(key)?.metadata['baton-put-id'];
     const existed = this.objects.delete(key);
     if (existed) this.sorted.splice(this.lowerBound(key), 1);
+    if (existed && key.startsWith('volumes/')) this.recordDeletedAt.set(key, this.sim.now);
     if (existed && key.startsWith('vol/')) {
       this.deleted.set(key, { by: role, who, at: this.sim.now, putId });
       if (role === 'gc') {
@@ -354,7 +363,8 @@ export class SimStoreClient implements ObjectStore {
     // The bytes as sent: a caller reusing its buffer afterwards cannot change them.
     const copy = Buffer.from(body);
     const o: PutOptions = { ...options, ...(options?.metadata ? { metadata: { ...options.metadata } } : {}) };
-    return this.request(`put ${key}`, (waiting) => this.server.put(key, copy, o, waiting), o.ifNoneMatch === true);
+    const sentAt = this.server.sim.now;
+    return this.request(`put ${key}`, (waiting) => this.server.put(key, copy, o, waiting, sentAt), o.ifNoneMatch === true);
   }
 
   delete(key: string): Promise<void> {
