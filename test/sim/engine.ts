@@ -398,7 +398,12 @@ export async function adminActor(run: SimRun, node: Node): Promise<void> {
       const l = (rng.chance(0.4) ? run.pick(rng, (x) => x.users === 0 && onlyThroughRemoved(x)) : null)
         ?? (rng.chance(0.4) ? run.pick(rng, (x) => x.users === 0 && hasDeepDescendant(x)) : null)
         ?? (rng.chance(0.5) ? run.pick(rng, (x) => x.users === 0 && hasDescendant(x)) : null) ?? run.pick(rng, (x) => x.users === 0);
-      if (l) await remove(run, node, l);
+      if (l && (await remove(run, node, l)) && l.vm.fork && l.vm.fork.source.kind === 'volume') {
+        // A lineage cleaned up: the fork was kept for its own forks; its base goes next (rm
+        // must then follow the ancestry of those through the removed fork's meta).
+        const base = [...run.live.values()].find((x) => x.vm === l.vm.fork!.source && x.users === 0 && !x.removing && !x.unknown);
+        if (base && rng.chance(0.6)) await remove(run, node, base);
+      }
     }
     await node.proc.sleep(rng.logUniform(50, 8000));
   }
@@ -459,20 +464,21 @@ async function derive(run: SimRun, node: Node, src: Live, snapshot: boolean): Pr
   }
 }
 
-async function remove(run: SimRun, node: Node, l: Live): Promise<void> {
+/** True if `l` was removed and kept for its relatives. */
+async function remove(run: SimRun, node: Node, l: Live): Promise<boolean> {
   const catalog = node.catalog('admin');
   // Its snapshots go with it (all unused: else it waits).
   const snaps = l.vm.kind === 'volume' ? [...run.live.values()].filter((x) => x.vm.kind === 'snapshot' && x.vm.fork?.source === l.vm && !x.removing) : [];
-  if (snaps.some((x) => x.users > 0)) return;
+  if (snaps.some((x) => x.users > 0)) return false;
   // As `baton rm` does: a volume some host serves (its lease is held) is not removed.
   for (const x of [l, ...snaps]) x.removing = true;
   try {
     const held = await run.op(node, `lease of ${l.name}`, () => node.leases.inspect(l.name));
-    if (held?.holder) { run.note(`  rm ${l.name}: refused, served by ${held.holder}`); for (const x of [l, ...snaps]) x.removing = false; return; }
+    if (held?.holder) { run.note(`  rm ${l.name}: refused, served by ${held.holder}`); for (const x of [l, ...snaps]) x.removing = false; return false; }
   } catch (err) {
     for (const x of [l, ...snaps]) x.removing = false;
     run.expect(err, `${node.proc.label} rm ${l.name}: lease`);
-    return;
+    return false;
   }
   // rm must then follow an ancestry through a meta (the case of 9.3).
   if ([...run.live.values()].some((x) => { for (let f = x.vm.fork; f; f = f.source.fork) { if (f.source === l.vm) return f !== x.vm.fork; } return false; })) run.count('rmDeepDescendants');
@@ -481,10 +487,12 @@ async function remove(run: SimRun, node: Node, l: Live): Promise<void> {
     for (const x of [l, ...snaps]) { run.live.delete(x.name); x.vm.removed = true; }
     run.count('removals');
     run.note(`  removed ${l.name}${snaps.length ? ` with ${snaps.map((x) => x.name).join(', ')}` : ''}: ${r.keptForRelatives ? 'kept for relatives' : `${r.deletedObjects} objects deleted`}`);
+    return r.keptForRelatives;
   } catch (err) {
     // The record may or may not be gone: nobody uses it again; the verifier looks.
     for (const x of [l, ...snaps]) { x.removing = false; x.unknown = true; }
     run.expect(err, `${node.proc.label} rm ${l.name}`, ['CORRUPT', 'NOT_FOUND']);
+    return false;
   }
 }
 

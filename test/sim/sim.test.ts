@@ -33,7 +33,7 @@ const REGRESSIONS: { item: string; seed: number; steps: number; workload: 'engin
 
 /** Open findings: each seed fails today with its known check; test.failing flips when fixed. */
 const OPEN: { finding: string; seed: number; steps: number; workload: 'engine' | 'served'; check: string }[] = [
-  { finding: 'F4 (an earlier try of a create lands after rm: the name is back without its meta)', seed: 303, steps: 300, workload: 'engine', check: 'known-F4-late-create-resurrects' },
+  { finding: 'F4 (an earlier try of a create lands after rm: the name is back without its meta)', seed: 5012, steps: 300, workload: 'engine', check: 'known-F4-late-create-resurrects' },
 ];
 
 // ------------------------------------------------------------------ self-tests
