@@ -322,7 +322,7 @@ export class SimRun {
     if (back !== undefined && !KNOWN_OPEN.includes(v.check)) {
       v = new Violation(KNOWN_F4, `${v.message} [${back} was removed, then a put of its record sent before (an earlier try of its create, whose client had given up) landed: the name is back without its meta]`);
     }
-    if (v.check !== KNOWN_F1 && late.length > 0 && (this.verifying || (notFound && late.some((n) => names.has(n))))) {
+    if (v.check !== KNOWN_F1 && v.check !== KNOWN_F4 && late.length > 0 && (this.verifying || (notFound && late.some((n) => names.has(n))))) {
       v = new Violation(KNOWN_F1, `${v.message} [in a run where a catalog request landed after its client gave up: ${[...this.server.lateRecordDeletes].map((n) => `delete of ${n}`).concat([...this.server.lateRecordPuts].map((n) => `put of ${n}`)).join(', ')}]`);
     }
     this.violation = { check: v.check, message: v.message, at: this.sim.now };
