@@ -208,11 +208,13 @@ export async function clientOp(run: SimRun, node: Node, vol: Volume, s: Session,
 
 /**
  * A client that writes and flushes in a loop and keeps going when flushes fail (a database's
- * commit loop): through an outage, every failed commit leaves its data buffered.
+ * commit loop): through an outage, every failed commit leaves its data buffered. Now and then
+ * it is a long-lived one (a database that commits for minutes, through whatever outage comes:
+ * failed commit after failed commit, each leaving buffered data behind).
  */
 async function burst(run: SimRun, node: Node, vol: Volume, s: Session, lease: Lease, rng: Rng, busy: Set<number>, what: string): Promise<void> {
   const model = run.model;
-  const n = rng.int(5, 60);
+  const n = rng.chance(0.2) ? rng.int(100, 250) : rng.int(5, 60);
   for (let i = 0; i < n && !vol.isFenced && lease.validUntil() > node.proc.now(); i++) {
     const b = rng.int(0, s.vol.nblocks - 1);
     if (busy.has(b)) continue;
@@ -373,6 +375,14 @@ export async function adminActor(run: SimRun, node: Node): Promise<void> {
     for (let f = x.vm.fork; f; f = f.source.fork) if (f.source === l.vm) return f !== x.vm.fork;
     return false;
   });
+  // ... only through removed volumes (kept for their relatives): the old base of a lineage whose
+  // direct forks were cleaned up first, removed last (rm must read the removed ones' metas).
+  const onlyThroughRemoved = (l: Live): boolean => [...run.live.values()].some((x) => {
+    const parent = x.vm.fork?.source;
+    if (!parent?.removed) return false;
+    for (let f = parent.fork; f; f = f.source.fork) if (f.source === l.vm) return true;
+    return false;
+  });
   while (run.take(node, 'admin: next')) {
     const r = rng.float();
     const count = [...run.live.values()].filter((l) => !l.removing).length;
@@ -386,16 +396,21 @@ export async function adminActor(run: SimRun, node: Node): Promise<void> {
       if (src) await derive(run, node, src, snap);
     } else if (r < 0.8 && run.on('rm')) {
       // Often one with descendants (kept for its relatives), or an ancestor of such.
-      const l = (rng.chance(0.4) ? run.pick(rng, (x) => x.users === 0 && hasDeepDescendant(x)) : null)
+      const l = (rng.chance(0.4) ? run.pick(rng, (x) => x.users === 0 && onlyThroughRemoved(x)) : null)
+        ?? (rng.chance(0.4) ? run.pick(rng, (x) => x.users === 0 && hasDeepDescendant(x)) : null)
         ?? (rng.chance(0.5) ? run.pick(rng, (x) => x.users === 0 && hasDescendant(x)) : null) ?? run.pick(rng, (x) => x.users === 0);
-      if (l) await remove(run, node, l);
+      if (l && (await remove(run, node, l)) && l.vm.fork && l.vm.fork.source.kind === 'volume') {
+        // A lineage cleaned up: the fork was kept for its own forks; its base goes next (rm
+        // must then follow the ancestry of those through the removed fork's meta).
+        const base = [...run.live.values()].find((x) => x.vm === l.vm.fork!.source && x.users === 0 && !x.removing && !x.unknown);
+        if (base && rng.chance(0.6)) await remove(run, node, base);
+      }
     }
     await node.proc.sleep(rng.logUniform(50, 8000));
   }
 }
 
 async function create(run: SimRun, node: Node, rng: Rng): Promise<void> {
-  void rng;
   const name = run.newName('v');
   const catalog = node.catalog('admin');
   let failed: unknown = null;
@@ -405,8 +420,23 @@ async function create(run: SimRun, node: Node, rng: Rng): Promise<void> {
     failed = err;
     run.expect(err, `${node.proc.label} create ${name}`);
   }
-  // Learn the id (also after a failure that may have landed: the verifier adopts it then).
-  if (failed) return;
+  if (failed) {
+    // A create that failed without an answer may have landed. What its error says to do, and
+    // what a user does (or a second create answers "already exists"): look, and if the volume
+    // is there, use it (write it, fork it). Else the verifier adopts one that lands later.
+    if (!(failed instanceof BatonError) || !['STORE_UNAVAILABLE', 'TIMEOUT'].includes(failed.code.replace('BATON_ERR_', '')) || !rng.chance(0.8)) return;
+    await node.proc.sleep(rng.logUniform(100, 10_000));
+    try {
+      const rec = await run.op(node, `record ${name} (after its create failed)`, () => catalog.record(name));
+      run.live.set(name, { name, vm: run.model.volume(rec.id, name, 'volume', run.config.blocks, null), users: 0, removing: false, unknown: false });
+      run.count('adoptedAfterFailedCreate');
+      run.note(`  ${name} is there after its create failed (${rec.id}): in use from now on`);
+    } catch (err) {
+      run.expect(err, `${node.proc.label} record ${name} (after its create failed)`, ['NOT_FOUND']);
+    }
+    return;
+  }
+  // Learn the id.
   try {
     const rec = await run.op(node, `record ${name}`, () => catalog.record(name));
     run.live.set(name, { name, vm: run.model.volume(rec.id, name, 'volume', run.config.blocks, null), users: 0, removing: false, unknown: false });
@@ -435,20 +465,21 @@ async function derive(run: SimRun, node: Node, src: Live, snapshot: boolean): Pr
   }
 }
 
-async function remove(run: SimRun, node: Node, l: Live): Promise<void> {
+/** True if `l` was removed and kept for its relatives. */
+async function remove(run: SimRun, node: Node, l: Live): Promise<boolean> {
   const catalog = node.catalog('admin');
   // Its snapshots go with it (all unused: else it waits).
   const snaps = l.vm.kind === 'volume' ? [...run.live.values()].filter((x) => x.vm.kind === 'snapshot' && x.vm.fork?.source === l.vm && !x.removing) : [];
-  if (snaps.some((x) => x.users > 0)) return;
+  if (snaps.some((x) => x.users > 0)) return false;
   // As `baton rm` does: a volume some host serves (its lease is held) is not removed.
   for (const x of [l, ...snaps]) x.removing = true;
   try {
     const held = await run.op(node, `lease of ${l.name}`, () => node.leases.inspect(l.name));
-    if (held?.holder) { run.note(`  rm ${l.name}: refused, served by ${held.holder}`); for (const x of [l, ...snaps]) x.removing = false; return; }
+    if (held?.holder) { run.note(`  rm ${l.name}: refused, served by ${held.holder}`); for (const x of [l, ...snaps]) x.removing = false; return false; }
   } catch (err) {
     for (const x of [l, ...snaps]) x.removing = false;
     run.expect(err, `${node.proc.label} rm ${l.name}: lease`);
-    return;
+    return false;
   }
   // rm must then follow an ancestry through a meta (the case of 9.3).
   if ([...run.live.values()].some((x) => { for (let f = x.vm.fork; f; f = f.source.fork) { if (f.source === l.vm) return f !== x.vm.fork; } return false; })) run.count('rmDeepDescendants');
@@ -457,10 +488,12 @@ async function remove(run: SimRun, node: Node, l: Live): Promise<void> {
     for (const x of [l, ...snaps]) { run.live.delete(x.name); x.vm.removed = true; }
     run.count('removals');
     run.note(`  removed ${l.name}${snaps.length ? ` with ${snaps.map((x) => x.name).join(', ')}` : ''}: ${r.keptForRelatives ? 'kept for relatives' : `${r.deletedObjects} objects deleted`}`);
+    return r.keptForRelatives;
   } catch (err) {
     // The record may or may not be gone: nobody uses it again; the verifier looks.
     for (const x of [l, ...snaps]) { x.removing = false; x.unknown = true; }
     run.expect(err, `${node.proc.label} rm ${l.name}`, ['CORRUPT', 'NOT_FOUND']);
+    return false;
   }
 }
 

@@ -33,10 +33,16 @@ const REGRESSIONS: { item: string; seed: number; steps: number; workload: 'engin
   { item: '9.6 (revert table)', seed: 20, steps: 62, workload: 'engine', off: ['outages', 'pauses', 'crashes', 'retries', 'gc', 'forks', 'rm', 'compact', 'views'] },
   { item: '17.1 (revert table)', seed: 1, steps: 7, workload: 'served', off: ['errors', 'ambiguous', 'outages', 'crashes', 'slow', 'lease', 'retries', 'gc', 'forks', 'rm', 'compact', 'views'] },
   { item: '17.5 (revert table)', seed: 1, steps: 233, workload: 'served', off: ['errors', 'ambiguous', 'slow', 'outages', 'crashes', 'retries', 'gc', 'forks', 'rm', 'compact', 'views'] },
+  // Each failed with its fix reverted (/work/wt/reverts/ITEM.patch), and passes with it.
+  { item: '9.1 (revert table)', seed: 1, steps: 142, workload: 'served', off: ['outages', 'pauses', 'crashes', 'retries', 'gc', 'rm', 'compact', 'views'] },
+  { item: '9.7 (revert table)', seed: 4, steps: 44, workload: 'engine', off: ['errors', 'ambiguous', 'lease', 'pauses', 'crashes', 'gc', 'forks', 'rm', 'compact', 'views'] },
+  { item: '17.2 (revert table)', seed: 351, steps: 229, workload: 'engine', off: ['errors', 'outages', 'pauses', 'crashes', 'rm', 'compact'] },
 ];
 
 /** Open findings: each seed fails today with its known check; test.failing flips when fixed. */
-const OPEN: { finding: string; seed: number; steps: number; workload: 'engine' | 'served'; check: string }[] = [];
+const OPEN: { finding: string; seed: number; steps: number; workload: 'engine' | 'served'; check: string }[] = [
+  { finding: 'F4 (an earlier try of a create lands after rm: the name is back without its meta)', seed: 5012, steps: 300, workload: 'engine', check: 'known-F4-late-create-resurrects' },
+];
 
 // ------------------------------------------------------------------ self-tests
 

@@ -94,6 +94,13 @@ export class SimStoreServer {
   readonly lateRecordDeletes = new Set<string>();
   /** Catalog records created by a put that landed after its client had given up on it (an undone attempt resurrected: F1 too). */
   readonly lateRecordPuts = new Set<string>();
+  /** When each catalog record was last deleted (virtual ms). */
+  private readonly recordDeletedAt = new Map<string, number>();
+  /**
+   * Catalog records brought back by a put that landed after its client had given up on it and
+   * after the record had been removed (an earlier try of a create, landing after `rm`: F4).
+   */
+  readonly resurrectedRecords = new Set<string>();
   /** Volume ids whose meta GC deleted. */
   private readonly gcDeletedMetas = new Set<string>();
   /** ... and that a record created afterwards names (finding F3: a create slower than the grace). */
@@ -119,6 +126,8 @@ export class SimStoreServer {
   pauseBeforeSend: (proc: Proc, what: string, commitPoint: boolean) => boolean = () => false;
   /** With --verbose: every request as it is applied (and its fate). */
   traceApply: ((line: string) => void) | null = null;
+  /** Until when the store throttles (a spell of 503s, see SimStoreClient.send). */
+  throttledUntil = 0;
   /** Hosts cut off from the store, and how: refused at once, or black-holed (timeouts). */
   readonly cut = new Map<string, 'refuse' | 'blackhole'>();
 
@@ -166,10 +175,11 @@ export class SimStoreServer {
     return { key, size: e.body.length, lastModified: e.lastModified, etag: e.etag, metadata: { ...e.metadata } };
   }
 
-  put(key: string, body: Buffer, o: PutOptions | undefined, waiting = true): void {
+  put(key: string, body: Buffer, o: PutOptions | undefined, waiting = true, sentAt = this.sim.now): void {
     if (o?.ifNoneMatch === true && this.objects.has(key)) {
       throw new PreconditionFailedError(`put ${key}: object already exists in ${this.description} (create-only put)`);
     }
+    if (!waiting && key.startsWith('volumes/') && (this.recordDeletedAt.get(key) ?? -1) > sentAt) this.resurrectedRecords.add(key.slice('volumes/'.length));
     if (!waiting && key.startsWith('volumes/') && body.includes('"parent"')) this.lateRecordPuts.add(key.slice('volumes/'.length));
     if (key.startsWith('volumes/')) {
       const id = /"id":"([^"]+)"/.exec(body.toString('utf8'))?.[1];
@@ -199,6 +209,7 @@ export class SimStoreServer {
     const putId = this.objects.get(key)?.metadata['baton-put-id'];
     const existed = this.objects.delete(key);
     if (existed) this.sorted.splice(this.lowerBound(key), 1);
+    if (existed && key.startsWith('volumes/')) this.recordDeletedAt.set(key, this.sim.now);
     if (existed && key.startsWith('vol/')) {
       this.deleted.set(key, { by: role, who, at: this.sim.now, putId });
       if (role === 'gc') {
@@ -286,21 +297,28 @@ export class SimStoreClient implements ObjectStore {
       let settled = false;
       const settle = (fn: () => void): void => { if (!settled) { settled = true; fn(); } };
       const timer = proc.setTimeout(() => settle(() => reject(new TimeoutError(`${what}: no answer within ${f.timeoutMs} ms from ${this.description}`))), f.timeoutMs);
-      const reply = (err: unknown, value?: T): void => {
-        // The reply travels back; a host cut off meanwhile never gets it.
+      const reply = (err: unknown, value?: T, refusal = false): void => {
+        // The reply travels back; a host cut off meanwhile never gets it. A refusal is the
+        // cut itself answering (a refused connection): it arrives after the latency, not as a timeout.
         proc.setTimeout(() => {
-          if (server.cut.has(proc.host.name)) return; // lost on the way: the timeout fires
+          if (!refusal && server.cut.has(proc.host.name)) return; // lost on the way: the timeout fires
           proc.clearTimeout(timer);
           settle(() => (err !== undefined ? reject(err) : resolve(value as T)));
         }, this.latency(f));
       };
       const cut = server.cut.get(proc.host.name);
-      if (cut === 'refuse') { st.refused++; reply(new StoreUnavailableError(`${what}: connection refused by ${this.description} (this host is cut off)`)); return; }
+      if (cut === 'refuse') { st.refused++; reply(new StoreUnavailableError(`${what}: connection refused by ${this.description} (this host is cut off)`), undefined, true); return; }
       if (cut === 'blackhole') { st.noReplies++; return; }
       const r = this.rng.float();
       let fate: 'ok' | 'failBefore' | 'lostReply' | 'noReplyApplied' | 'noReplyDropped' = 'ok';
-      if (r < f.failBefore) fate = 'failBefore';
-      else if (r < f.failBefore + f.lostReply) fate = 'lostReply';
+      // A store throttles in spells (S3's 503 Slow Down while a partition is over its request
+      // rate): one 503 may start a spell in which most requests, from every host, get one too,
+      // so a few retries in a row can all fail.
+      if (f.failBefore > 0 && sim.now < server.throttledUntil && this.rng.chance(0.7)) fate = 'failBefore';
+      else if (r < f.failBefore) {
+        fate = 'failBefore';
+        if (this.rng.chance(0.3)) server.throttledUntil = Math.max(server.throttledUntil, sim.now + this.rng.logUniform(200, 5000));
+      } else if (r < f.failBefore + f.lostReply) fate = 'lostReply';
       else if (r < f.failBefore + f.lostReply + f.noReply) fate = this.rng.chance(0.5) ? 'noReplyApplied' : 'noReplyDropped';
       let toServer = this.latency(f);
       if (this.rng.chance(f.slow)) { st.slow++; toServer += this.rng.logUniform(1000, 180_000); }
@@ -350,7 +368,8 @@ export class SimStoreClient implements ObjectStore {
     // The bytes as sent: a caller reusing its buffer afterwards cannot change them.
     const copy = Buffer.from(body);
     const o: PutOptions = { ...options, ...(options?.metadata ? { metadata: { ...options.metadata } } : {}) };
-    return this.request(`put ${key}`, (waiting) => this.server.put(key, copy, o, waiting), o.ifNoneMatch === true);
+    const sentAt = this.server.sim.now;
+    return this.request(`put ${key}`, (waiting) => this.server.put(key, copy, o, waiting, sentAt), o.ifNoneMatch === true);
   }
 
   delete(key: string): Promise<void> {
