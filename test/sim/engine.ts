@@ -278,7 +278,6 @@ export async function checkedRead(
 ): Promise<boolean> {
   const into = Buffer.alloc(len, 0xee);
   const l = lo();
-  const past = lease && !(lease.validUntil() > node.proc.now()) ? `by a holder whose lease deadline had passed (${Math.round(node.proc.now() - lease.validUntil())} ms ago)` : null;
   const desc = `${what}: read [${off}, ${off + len})`;
   try {
     await run.op(node, desc, () => vol.read(off, len, into), { read: true, lease });
@@ -289,12 +288,7 @@ export async function checkedRead(
     run.count('failedReads');
     return false;
   }
-  run.staleHolderRead = past;
-  try {
-    run.model.checkRead(vm!, owner, off, into, l, run.model.stamp(), `${node.proc.label}${owner ? ' (writer)' : ''}`);
-  } finally {
-    run.staleHolderRead = null;
-  }
+  run.model.checkRead(vm!, owner, off, into, l, run.model.stamp(), `${node.proc.label}${owner ? ' (writer)' : ''}`);
   run.count('reads');
   return true;
 }

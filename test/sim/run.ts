@@ -62,13 +62,12 @@ export interface RunResult {
  * Findings that are open (reported, with a reproducing seed in sim.test.ts as test.failing):
  * a run ending in one of these checks is a known finding, not a new one.
  * (F1, late requests of an undone fork attempt, and F3, a create slower than GC's grace, are
- * fixed: catalog.ts landRecord/abandon; their seeds are in REGRESSIONS.)
+ * fixed: catalog.ts landRecord/abandon; F2, reads by a holder past its lease deadline, is
+ * fixed: volume.ts checkReadable; their seeds are in REGRESSIONS.)
  */
-/** F2: a holder past its lease deadline still answers reads (from its map, maybe stale). */
-export const KNOWN_F2 = 'known-F2-read-after-lease-deadline';
 /** F4: an earlier try of a create's name put lands after the volume was removed: the name is back, without its meta. */
 export const KNOWN_F4 = 'known-F4-late-create-resurrects';
-export const KNOWN_OPEN: readonly string[] = [KNOWN_F2, KNOWN_F4];
+export const KNOWN_OPEN: readonly string[] = [KNOWN_F4];
 
 /** The time bound of GC's argument (M) and the grace (G = 2M), virtual ms. */
 export const M = 2000;
@@ -304,14 +303,8 @@ export class SimRun {
     if (this.trace.length > 20_000) this.trace.splice(0, 10_000);
   }
 
-  /** Set while a read issued by a holder past its lease deadline is checked (F2). */
-  staleHolderRead: string | null = null;
-
   fail(v: Violation): void {
     if (this.violation) return;
-    if (this.staleHolderRead !== null && !KNOWN_OPEN.includes(v.check)) {
-      v = new Violation(KNOWN_F2, `${v.message} [the read was issued ${this.staleHolderRead}]`);
-    }
     const names = new Set(v.message.split(/[^A-Za-z0-9@._-]+/));
     const back = [...this.server.resurrectedRecords].find((n) => names.has(n));
     if (back !== undefined && !KNOWN_OPEN.includes(v.check)) {
