@@ -29,6 +29,10 @@ const REGRESSIONS: { item: string; seed: number; steps: number; workload: 'engin
   { item: 'F1', seed: 4735, steps: 300, workload: 'engine' },
   // F3: a create's host paused before its name put while GC deleted its meta: a volume without its meta.
   { item: 'F3', seed: 90765, steps: 300, workload: 'engine' },
+  // F2: a writer past its lease deadline answered a read from a map a new holder had moved past.
+  { item: 'F2', seed: 1020, steps: 300, workload: 'served' },
+  // A takeover through a map older than the log landed in a position GC freed (volume.ts takeover).
+  { item: 'takeover into a freed position', seed: 93471, steps: 300, workload: 'engine' },
   { item: '9.2 (revert table)', seed: 739, steps: 299, workload: 'engine' },
   { item: '9.6 (revert table)', seed: 20, steps: 62, workload: 'engine', off: ['outages', 'pauses', 'crashes', 'retries', 'gc', 'forks', 'rm', 'compact', 'views'] },
   { item: '17.1 (revert table)', seed: 1, steps: 7, workload: 'served', off: ['errors', 'ambiguous', 'outages', 'crashes', 'slow', 'lease', 'retries', 'gc', 'forks', 'rm', 'compact', 'views'] },
