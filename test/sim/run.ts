@@ -266,7 +266,10 @@ export class SimRun {
     this.off = opts.off ?? new Set();
     this.rng = this.sim.rng.derive('workload');
     this.config = drawConfig(this.sim.rng.derive('config'), (c) => this.on(c));
-    this.workloadName = opts.workload ?? (this.sim.rng.derive('which').chance(0.5) ? 'engine' : 'served');
+    // Drawn also when given: every later draw of the run is then the same either way, so the
+    // replay command (which names the workload) replays the run exactly.
+    const drawn: WorkloadName = this.sim.rng.derive('which').chance(0.5) ? 'engine' : 'served';
+    this.workloadName = opts.workload ?? drawn;
     this.server = new SimStoreServer(this.sim);
     this.server.onViolation = (msg) => this.fail(new Violation('gc-deleted-needed', msg));
     this.server.outsidePromise = (proc) => this.outsidePromise(proc);

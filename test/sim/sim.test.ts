@@ -7,6 +7,7 @@
  * SIM_SEEDS=N overrides the budget's seed count (default 500), SIM_STEPS its steps.
  */
 import test from 'ava';
+import { readFileSync } from 'node:fs';
 import { Worker } from 'node:worker_threads';
 import { NotFoundError, OutOfRangeError, PreconditionFailedError } from '../../src/errors.js';
 import { listAll } from '../../src/store/object-store.js';
@@ -21,27 +22,14 @@ const SEEDS = Number(process.env.SIM_SEEDS ?? 500);
 const STEPS = Number(process.env.SIM_STEPS ?? 300);
 
 /**
- * Seeds that found a trust item with its fix reverted (see the table in the report of the
- * simulator's branch). The fixed engine must pass each.
+ * test/sim/regressions.json: one seed per fix that the simulator found with that fix
+ * reverted (`revert`: test/sim/reverts/REVERT.patch; `check`: what fired). The fixed code
+ * must pass each; `bash test/sim/reverts/run.sh --check` shows each still fails on its
+ * revert (a change to the simulator moves what a seed does: re-find seeds then).
  */
-const REGRESSIONS: { item: string; seed: number; steps: number; workload: 'engine' | 'served'; off?: string[] }[] = [
-  // F1: a fork paused before its name put, undone; a try of the undo's delete lands after the fork made again.
-  { item: 'F1', seed: 4735, steps: 300, workload: 'engine' },
-  // F3: a create's host paused before its name put while GC deleted its meta: a volume without its meta.
-  { item: 'F3', seed: 90765, steps: 300, workload: 'engine' },
-  // F2: a writer past its lease deadline answered a read from a map a new holder had moved past.
-  { item: 'F2', seed: 1020, steps: 300, workload: 'served' },
-  // A takeover through a map older than the log landed in a position GC freed (volume.ts takeover).
-  { item: 'takeover into a freed position', seed: 93471, steps: 300, workload: 'engine' },
-  { item: '9.2 (revert table)', seed: 739, steps: 299, workload: 'engine' },
-  { item: '9.6 (revert table)', seed: 20, steps: 62, workload: 'engine', off: ['outages', 'pauses', 'crashes', 'retries', 'gc', 'forks', 'rm', 'compact', 'views'] },
-  { item: '17.1 (revert table)', seed: 1, steps: 7, workload: 'served', off: ['errors', 'ambiguous', 'outages', 'crashes', 'slow', 'lease', 'retries', 'gc', 'forks', 'rm', 'compact', 'views'] },
-  { item: '17.5 (revert table)', seed: 1, steps: 233, workload: 'served', off: ['errors', 'ambiguous', 'slow', 'outages', 'crashes', 'retries', 'gc', 'forks', 'rm', 'compact', 'views'] },
-  // Each failed with its fix reverted (/work/wt/reverts/ITEM.patch), and passes with it.
-  { item: '9.1 (revert table)', seed: 1, steps: 142, workload: 'served', off: ['outages', 'pauses', 'crashes', 'retries', 'gc', 'rm', 'compact', 'views'] },
-  { item: '9.7 (revert table)', seed: 4, steps: 44, workload: 'engine', off: ['errors', 'ambiguous', 'lease', 'pauses', 'crashes', 'gc', 'forks', 'rm', 'compact', 'views'] },
-  { item: '17.2 (revert table)', seed: 351, steps: 229, workload: 'engine', off: ['errors', 'outages', 'pauses', 'crashes', 'rm', 'compact'] },
-];
+const REGRESSIONS: { item: string; revert: string; seed: number; steps: number; workload: 'engine' | 'served'; off?: string[]; check: string }[] = JSON.parse(
+  readFileSync(new URL('../../../test/sim/regressions.json', import.meta.url), 'utf8'),
+);
 
 /** Open findings: each seed fails today with its known check; test.failing flips when fixed. */
 const OPEN: { finding: string; seed: number; steps: number; workload: 'engine' | 'served'; check: string }[] = [
@@ -151,6 +139,15 @@ test('a seed replays exactly (same trace, same numbers)', async (t) => {
     t.is(a.simMs, b.simMs);
     t.deepEqual(a.stats, b.stats);
     t.deepEqual(a.trace, b.trace);
+  }
+});
+
+test('the replay command replays the run: naming the workload the seed drew changes nothing', async (t) => {
+  for (const seed of [7, 8]) {
+    const drawn = await runSeed({ seed, steps: 120 });
+    const named = await runSeed({ seed, steps: 120, workload: drawn.workload });
+    t.is(named.events, drawn.events);
+    t.deepEqual(named.trace, drawn.trace);
   }
 });
 
