@@ -219,6 +219,7 @@ export class RetryingObjectStore implements ObjectStore {
         const delayMs = this.#delay(attempt);
         if (!this.#mayRetry(err, attempt, deadline, delayMs)) throw this.#giveUp('put', key, err, attempt, deadline, delayMs);
         mayHaveLanded = true;
+        options?.onRetry?.();
         last = err;
         await this.#backoff('put', key, attempt, err, delayMs);
       }

@@ -32,6 +32,12 @@ export interface PutOptions {
   ifNoneMatch?: boolean;
   /** Small string metadata (S3 x-amz-meta-*). Keys lower-case [a-z0-9-]. */
   metadata?: Record<string, string>;
+  /**
+   * Told when a retrying layer sends this put again after a try that may still be on its way
+   * (timed out, reply lost): that try may land later, up to M after it was sent. A caller
+   * whose correctness depends on nothing of the put landing after it returned waits that out.
+   */
+  onRetry?: () => void;
 }
 
 export interface ByteRange {

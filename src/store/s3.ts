@@ -378,7 +378,7 @@ export class S3ObjectStore implements ObjectStore {
     if (createOnly && metadata?.[PUT_ID_META] === undefined) metadata = { ...metadata, [PUT_ID_META]: newPutId() };
     validateMetadata(metadata);
     try {
-      await this.#call(body.length, (sendOptions) => this.client.send(new PutObjectCommand({
+      const out = await this.#call(body.length, (sendOptions) => this.client.send(new PutObjectCommand({
         Bucket: this.bucket,
         Key: this.prefix + key,
         Body: body,
@@ -386,6 +386,8 @@ export class S3ObjectStore implements ObjectStore {
         ...(createOnly ? { IfNoneMatch: '*' } : {}),
         ...(metadata !== undefined ? { Metadata: metadata } : {}),
       }), sendOptions));
+      // The SDK's own retries: an earlier attempt of this put may still be on its way.
+      if ((out.$metadata.attempts ?? 1) > 1) options?.onRetry?.();
     } catch (err) {
       const mapped = this.mapError('put', key, err);
       const attempts = shape(err).$metadata?.attempts ?? 1;

@@ -119,8 +119,9 @@ export class StoreCatalog implements VolumeCatalog {
       // Ids are random: this put only fails for a store error, and a meta nothing names is garbage.
       await this.opts.store.put(keys.meta(rec.id), encodeVolumeRecord(rec), { ifNoneMatch: true });
       let landed = true;
+      let uncertain = false;
       try {
-        await this.putName(rec, advice);
+        uncertain = await this.putName(rec, advice);
       } catch (err) {
         if (!(err instanceof StoreUnavailableError) || this.world.now() - t0 <= budgetMs) throw err;
         landed = false; // unresolved, and too late to trust if it did land: undone below
@@ -128,6 +129,7 @@ export class StoreCatalog implements VolumeCatalog {
       const ms = this.world.now() - t0;
       if (landed && ms <= budgetMs) {
         await confirm?.(rec);
+        if (uncertain) await this.settle(rec, verb);
         return rec;
       }
       await this.abandon(rec, landed, verb);
@@ -138,6 +140,21 @@ export class StoreCatalog implements VolumeCatalog {
       }
       this.opts.log.warn({ name, ms: Math.round(ms), budgetMs: Math.round(budgetMs), attempt, landed }, `${verb === 'create' ? 'create' : 'fork'} took too long to trust against GC; undone, trying again`);
     }
+  }
+
+  /**
+   * A record that landed while an earlier try of its name put may still be on its way (a try
+   * that timed out or lost its reply, inside the retrying store or in putName's own loop):
+   * return only once that try can no longer land, M after the last try was sent (the
+   * operation bound, see abandon). Else an `rm` right after the call returned could be undone
+   * by it: the late try finds the name free again and brings it back without its meta
+   * (simulator finding F4). Before then it meets the name taken (412) and changes nothing.
+   * Costs M only after a put that needed a retry.
+   */
+  private async settle(rec: VolumeRecord, verb: string): Promise<void> {
+    this.opts.log.info({ name: rec.name, id: rec.id, waitMs: this.maxOpMs },
+      `${verb} of ${rec.name} landed after a retry: waiting until the earlier try can no longer land (M, BATON_MAX_OPERATION_MS), so that a quick rm cannot be undone by it`);
+    await new Promise<void>((r) => { this.world.setTimeout(r, this.maxOpMs); });
   }
 
   /**
@@ -197,6 +214,7 @@ export class StoreCatalog implements VolumeCatalog {
 
   /**
    * Put a record's name, all or nothing (its id-keyed copy, `meta`, was put first: landRecord).
+   * Returns whether an earlier try of the put may still be on its way (landRecord settles it).
    *
    * The name's create-only put is the commit point. Its outcome must be KNOWN before the
    * meta may go: a put that failed ambiguously (a 503, a timeout, a lost reply, a local
@@ -214,14 +232,16 @@ export class StoreCatalog implements VolumeCatalog {
    * name was someone else's before we wrote (the retrying store resolves a 412 that follows
    * its own lost reply by reading the put id back), so nothing can ever name our id.
    */
-  private async putName(rec: VolumeRecord, advice: string): Promise<void> {
+  private async putName(rec: VolumeRecord, advice: string): Promise<boolean> {
     const what = `${rec.snapshot ? 'snapshot' : 'volume'} "${rec.name}"`;
     const body = encodeVolumeRecord(rec);
     let ambiguous: unknown = null;
+    let retried = false; // a try inside the retrying store may still be on its way (settle)
+    const onRetry = (): void => { retried = true; };
     for (let attempt = 1; attempt <= PUT_RECORD_ATTEMPTS; attempt++) {
       try {
-        await this.opts.store.put(keys.volumeRecord(rec.name), body, { ifNoneMatch: true });
-        return;
+        await this.opts.store.put(keys.volumeRecord(rec.name), body, { ifNoneMatch: true, onRetry });
+        return retried || ambiguous !== null;
       } catch (err) {
         if (err instanceof PreconditionFailedError && ambiguous === null) {
           await this.opts.store.delete(keys.meta(rec.id)).catch(() => {}); // never named: see above
@@ -241,7 +261,7 @@ export class StoreCatalog implements VolumeCatalog {
         if (!(err instanceof NotFoundError)) { ambiguous = err; break; }
         holder = null;
       }
-      if (holder === rec.id) return; // an earlier attempt landed
+      if (holder === rec.id) return true; // an earlier attempt landed (another may still be on its way)
       if (holder !== null) throw new AlreadyExistsError(`${what} already exists in ${this.description}`); // our meta is left for GC
       this.opts.log.warn({ name: rec.name, attempt, err: errorMessage(ambiguous) }, 'creating a record failed and it did not land; trying again');
     }

@@ -341,3 +341,30 @@ test('a fork whose source is removed while it is made: NotFound, and a late try 
   t.deepEqual(await s.records(), [], 'nothing was created, as it says');
   t.is((await s.metas()).length, 1, 'the source\'s meta only (rm by hand left it; GC takes it)');
 });
+
+// ------------------------------------------------------------------ F4
+
+test('F4: an earlier try of a create\'s name put lands after a quick rm; the name stays removed (create returns only once that try cannot land)', async (t) => {
+  const s = setup();
+  let first: Sent | null = null;
+  s.net.fate = (r) => {
+    // The first try of the name put gets no answer within 2 s; the retrying store tries again
+    // and that try lands. The first lands too, 0.9 M after it was sent.
+    if (r.op === 'put' && r.key === keys.volumeRecord('v') && first === null) { first = r; return { landMs: 0.9 * M, replyMs: 2_000 }; }
+    return NORMAL;
+  };
+  await s.world.drive(s.catalog.create('v', 64 * MiB));
+  t.truthy(first, 'the first try was sent');
+  await s.world.drive(s.catalog.remove('v')); // right after create returned
+  await s.world.quiesce(); // whatever is still on its way lands
+  t.deepEqual(s.net.beyondBound, [], 'no request landed more than M after it was issued');
+  t.deepEqual(await s.records(), [], 'the removed name did not come back');
+  t.deepEqual(await s.metas(), [], 'and no meta is left');
+});
+
+test('F4: a create whose name put needed no retry returns at once (no wait)', async (t) => {
+  const s = setup();
+  const t0 = s.world.now();
+  await s.world.drive(s.catalog.create('v', 64 * MiB));
+  t.true(s.world.now() - t0 < 100, `create took ${s.world.now() - t0} ms of virtual time`);
+});
