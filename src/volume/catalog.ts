@@ -261,7 +261,8 @@ export class StoreCatalog implements VolumeCatalog {
         if (!(err instanceof NotFoundError)) { ambiguous = err; break; }
         holder = null;
       }
-      if (holder === rec.id) return true; // an earlier attempt landed (another may still be on its way)
+      // An earlier attempt landed: only an attempt before it, or a retry inside the store, can still be on its way.
+      if (holder === rec.id) return retried || attempt > 1;
       if (holder !== null) throw new AlreadyExistsError(`${what} already exists in ${this.description}`); // our meta is left for GC
       this.opts.log.warn({ name: rec.name, attempt, err: errorMessage(ambiguous) }, 'creating a record failed and it did not land; trying again');
     }
