@@ -154,7 +154,7 @@ export class StoreCatalog implements VolumeCatalog {
   private async settle(rec: VolumeRecord, verb: string): Promise<void> {
     this.opts.log.info({ name: rec.name, id: rec.id, waitMs: this.maxOpMs },
       `${verb} of ${rec.name} landed after a retry: waiting until the earlier try can no longer land (M, BATON_MAX_OPERATION_MS), so that a quick rm cannot be undone by it`);
-    await new Promise<void>((r) => { this.world.setTimeout(r, this.maxOpMs); });
+    await this.wait(this.maxOpMs);
   }
 
   /**
@@ -197,7 +197,7 @@ export class StoreCatalog implements VolumeCatalog {
       if (waitMs > 0) {
         this.opts.log.info({ name: rec.name, id: rec.id, waitMs: Math.round(waitMs), maxOperationMs: this.maxOpMs },
           `${verb} undone: waiting until no request of the undone attempt can still land (M after the last was issued), so that none removes or re-creates ${rec.name} after it is made again`);
-        await new Promise<void>((r) => { this.world.setTimeout(r, waitMs); });
+        await this.wait(waitMs);
       }
       let holder: VolumeRecord | null;
       try { holder = await this.recordOrNull(rec.name); } catch (err) { throw failed(err); }
@@ -319,6 +319,9 @@ export class StoreCatalog implements VolumeCatalog {
     `if it is there, remove it (baton rm ${name}) and make it again, since it cannot be trusted against garbage collection; if not, nothing needs cleaning up`,
     (rec) => this.confirmSource(srcName, src, rec));
   }
+
+  /** Time passing on the injected World (the simulator's clock in tests). */
+  private wait(ms: number): Promise<void> { return new Promise((r) => { this.world.setTimeout(r, ms); }); }
 
   private get maxOpMs(): number { return this.opts.volume?.maxOperationMs ?? maxOperationMs(); }
   private get world(): World { return this.opts.volume?.world ?? systemWorld; }
