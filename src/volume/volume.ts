@@ -937,18 +937,25 @@ export class Volume implements BlockBackend {
     if (!landed) {
       // The position is taken: by this very attempt (an earlier try, or the retry layer's)
       // or by another writer. The record's id tells which.
-      let there: LogHeader | null;
+      let there: LogHeader | null | 'gone';
       try {
         const head = await this.store.head(key);
-        if (!head) throw new NotFoundError(`${key} answered "exists" and then vanished`);
-        there = (await this.readLogHeader(key, head.size)).header;
+        // Taken, then gone: only garbage collection (or rm) deletes a log record, and GC
+        // never frees the newest position of a log (gc.ts), so records after this one exist:
+        // another writer moved the log past it (or the volume was removed). Whoever's record
+        // it was (an earlier try of ours included), this writer's map is behind the log, and
+        // re-putting the position would re-create a freed one. Fenced, never ambiguous.
+        there = head ? (await this.readLogHeader(key, head.size)).header : 'gone';
       } catch (err) {
         if (err instanceof CorruptError) there = null; // not a record we could have written
+        else if (err instanceof NotFoundError) there = 'gone'; // deleted between the head and the read
         else { a.state = 'ambiguous'; this.ambiguous = a; throw err; }
       }
-      if (there?.id !== a.id) {
+      if (there === 'gone' || there?.id !== a.id) {
         this.ambiguous = null;
-        this.fence(`log position ${a.seq} of volume ${this.name} was taken by another writer`);
+        this.fence(there === 'gone'
+          ? `log position ${a.seq} of volume ${this.name} was taken and has since been garbage-collected: the log moved past it (another writer, or the volume was removed)`
+          : `log position ${a.seq} of volume ${this.name} was taken by another writer`);
         throw this.fencedError!;
       }
     }

@@ -73,10 +73,20 @@ export interface StoreStats {
   staleRecordAtFreedPosition: number;
   /** Checkpoints put over an existing one (never, while checkpoints are create-only). */
   checkpointReplaced: number;
+  /** Checkpoint puts (landed or refused) at a position whose checkpoint another writer wrote. */
+  checkpointByOtherWriter: number;
   deletedByGc: number;
   toleratedMetaReads: number;
   gcReadsOfRemoved: number;
   metaReadsOfRemoved: number;
+}
+
+/** Who wrote a checkpoint: its token and the record it follows (JSON fields of src/volume/volume.ts's Checkpoint). */
+function checkpointWriter(body: Buffer): string {
+  try {
+    const cp = JSON.parse(body.toString('utf8')) as { token?: number; lastId?: string };
+    return `${cp.token}/${cp.lastId}`;
+  } catch { return 'unreadable'; }
 }
 
 export class SimStoreServer {
@@ -107,7 +117,7 @@ export class SimStoreServer {
   readonly recordsWithoutMeta = new Set<string>();
   private etag = 0;
   readonly stats: StoreStats = {
-    requests: 0, failedBefore: 0, lostReplies: 0, noReplies: 0, slow: 0, refused: 0, recreated: 0, recreatedLog: 0, staleRecordAtFreedPosition: 0, checkpointReplaced: 0, deletedByGc: 0, toleratedMetaReads: 0, gcReadsOfRemoved: 0, metaReadsOfRemoved: 0,
+    requests: 0, failedBefore: 0, lostReplies: 0, noReplies: 0, slow: 0, refused: 0, recreated: 0, recreatedLog: 0, staleRecordAtFreedPosition: 0, checkpointReplaced: 0, checkpointByOtherWriter: 0, deletedByGc: 0, toleratedMetaReads: 0, gcReadsOfRemoved: 0, metaReadsOfRemoved: 0,
   };
   /** Set by the runner: a GC promise broken. */
   onViolation: (msg: string) => void = () => {};
@@ -176,6 +186,11 @@ export class SimStoreServer {
   }
 
   put(key: string, body: Buffer, o: PutOptions | undefined, waiting = true, sentAt = this.sim.now): void {
+    if (key.includes('/checkpoint/') && this.objects.has(key) && checkpointWriter(this.objects.get(key)!.body) !== checkpointWriter(body)) {
+      // Another writer's checkpoint for a position that has one (a stale writer at a position
+      // GC freed: the case of 9.2; refused while checkpoints are create-only).
+      this.stats.checkpointByOtherWriter++;
+    }
     if (o?.ifNoneMatch === true && this.objects.has(key)) {
       throw new PreconditionFailedError(`put ${key}: object already exists in ${this.description} (create-only put)`);
     }

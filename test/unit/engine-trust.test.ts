@@ -7,7 +7,7 @@ import test from 'ava';
 import * as v8 from 'node:v8';
 import * as vm from 'node:vm';
 import { BlockCache } from '../../src/cache.js';
-import { StoreUnavailableError, FencedError, CorruptError } from '../../src/errors.js';
+import { StoreUnavailableError, FencedError, CorruptError, PreconditionFailedError } from '../../src/errors.js';
 import { silentLogger } from '../../src/log.js';
 import { MemoryObjectStore } from '../../src/store/memory.js';
 import { listAll, type ByteRange, type ListOptions, type ObjectHead, type ObjectInfo, type ObjectStore, type PutOptions } from '../../src/store/object-store.js';
@@ -193,6 +193,28 @@ test('9.6: a position taken by another writer still fences', async (t) => {
   await t.throwsAsync(a.flush(), { instanceOf: FencedError });
   t.true(a.isFenced);
   await b.close();
+});
+
+test('simulator finding F5: a position taken and since garbage-collected fences the writer (not an error that leaves the commit ambiguous)', async (t) => {
+  // Seen by the simulator: a stale writer paused before its put; meanwhile others wrote the
+  // position and later ones, and GC freed it. Its put (a retry) got 412, and by the time it
+  // looked, the record was gone. The log has moved past this writer: it must fence, not keep
+  // the attempt ambiguous (a later try would re-create the freed position) nor answer NotFound.
+  const { store, catalog, host } = setup();
+  await catalog.create('v', 4 * MiB);
+  const a = await host('v', 1);
+  const pos = keys.log(a.volumeId, 2);
+  store.onPut = async (key, _b, o, next) => {
+    if (key === pos && o?.ifNoneMatch) throw new PreconditionFailedError(`put ${key}: object already exists`);
+    return next();
+  };
+  store.onHead = async (key, next) => (key === pos ? null : next());
+  await a.write(0, fill(4096, 7), false);
+  await t.throwsAsync(a.flush(), { instanceOf: FencedError, message: /garbage-collected/ });
+  t.true(a.isFenced);
+  store.onPut = null;
+  store.onHead = null;
+  await a.close();
 });
 
 test('9.7: reads cost the same after thousands of failed commits (no stack overflow)', async (t) => {
