@@ -477,6 +477,8 @@ async function remove(run: SimRun, node: Node, l: Live): Promise<boolean> {
   }
   // rm must then follow an ancestry through a meta (the case of 9.3).
   if ([...run.live.values()].some((x) => { for (let f = x.vm.fork; f; f = f.source.fork) { if (f.source === l.vm) return f !== x.vm.fork; } return false; })) run.count('rmDeepDescendants');
+  // ... only through removed ones: rm can tell only by reading their metas.
+  if ([...run.live.values()].some((x) => { for (let f = x.vm.fork, depth = 0; f; f = f.source.fork, depth++) { if (f.source === l.vm) return depth > 0; if (!f.source.removed) return false; } return false; })) run.count('rmThroughRemoved');
   try {
     const r = await run.op(node, `rm ${l.name}`, () => catalog.remove(l.name, { snapshots: true }));
     for (const x of [l, ...snaps]) { run.live.delete(x.name); x.vm.removed = true; }

@@ -93,6 +93,14 @@ export interface Config {
   pauseBeforeSend: number;
   /** Each process picks its own checkpoint interval (hosts configured differently). */
   mixedCheckpoints: boolean;
+  /**
+   * Half of the stalls before a create-only log put last until GC frees that very position
+   * (after others wrote it and moved on), then a moment more: the worst time for a stale
+   * writer to resume, which a duration drawn blindly hits rarely.
+   */
+  stallUntilFreed: boolean;
+  /** The admin's (the CLI's) requests fail this many times as often: a flaky link from an operator's machine. */
+  adminFlaky: number;
 }
 
 function drawConfig(rng: Rng, on: (c: ClassName) => boolean): Config {
@@ -129,6 +137,8 @@ function drawConfig(rng: Rng, on: (c: ClassName) => boolean): Config {
     maxVolumes: rng.int(2, 6),
     mixedCheckpoints: rng.chance(0.5),
     pauseBeforeSend: on('pauses') ? rng.pick([0, 0.0005, 0.002, 0.005]) : 0,
+    stallUntilFreed: rng.chance(0.5),
+    adminFlaky: on('errors') ? rng.pick([1, 1, 4, 10]) : 1,
   };
 }
 
@@ -164,7 +174,7 @@ export class Node {
   store(role: Role): ObjectStore {
     let s = this.stores.get(role);
     if (!s) {
-      const base = new SimStoreClient(this.run.server, this.proc, () => this.run.storeFaults, this.rng.derive(`store-${role}`), role);
+      const base = new SimStoreClient(this.run.server, this.proc, () => this.run.faultsFor(role), this.rng.derive(`store-${role}`), role);
       const r = this.run.config.retries;
       const wrap = (x: ObjectStore): ObjectStore => (r ? new RetryingObjectStore(x, { ...r, random: () => this.rng.float(), sleep: (ms) => this.proc.sleep(ms) }) : x);
       s = wrap(base);
@@ -273,6 +283,7 @@ export class SimRun {
     this.server = new SimStoreServer(this.sim);
     this.server.onViolation = (msg) => this.fail(new Violation('gc-deleted-needed', msg));
     this.server.outsidePromise = (proc) => this.outsidePromise(proc);
+    this.server.onSuspicious = (id, why) => this.observe(id, why);
     this.server.maxOperationMs = M;
     this.server.pauseBeforeSend = (proc, what, commitPoint) => this.pauseBeforeSend(proc, what, commitPoint);
     if (opts.verbose) this.server.traceApply = (line) => this.note(line);
@@ -288,6 +299,15 @@ export class SimRun {
   }
 
   on(c: ClassName): boolean { return !this.off.has(c); }
+
+  /** The store faults a role's requests meet now (the admin's link may be flakier: Config.adminFlaky). */
+  faultsFor(role: Role): StoreFaults {
+    const f = this.storeFaults;
+    if (role !== 'admin' || this.config.adminFlaky === 1 || f.failBefore === 0) return f;
+    if (this.adminFaults?.base !== f) this.adminFaults = { base: f, faults: { ...f, failBefore: Math.min(0.4, f.failBefore * this.config.adminFlaky) } };
+    return this.adminFaults.faults;
+  }
+  private adminFaults: { base: StoreFaults; faults: StoreFaults } | null = null;
 
   count(what: string, n = 1): void { this.counts[what] = (this.counts[what] ?? 0) + n; }
 
@@ -484,10 +504,10 @@ export class SimRun {
         const idx = this.hosts.indexOf(host);
         if (kind === 'pauses' && host.state === 'up') {
           const ms = rng.chance(0.3) ? rng.logUniform(5 * M, 60 * M) : rng.logUniform(100, 3 * M);
-          host.pause();
+          const pause = host.pause();
           this.count('pauses');
           this.note(`FAULT ${host.name} paused for ${Math.round(ms)} ms`);
-          this.sim.after(ms, () => { if (host.state === 'paused') { host.resume(); this.note(`FAULT ${host.name} resumed`); } });
+          this.sim.after(ms, () => { if (host.state === 'paused') { host.resume(pause); this.note(`FAULT ${host.name} resumed`); } });
         } else if (kind === 'crashes' && host.state === 'up') {
           host.crash();
           this.count('crashes');
@@ -527,11 +547,28 @@ export class SimRun {
     this.pauseRng ??= this.sim.rng.derive('pause-before-send');
     if (p === 0 || this.healed || this.stopping || proc.host.state !== 'up' || !this.hosts.includes(proc.host) || !this.pauseRng.chance(p)) return false;
     const host = proc.host;
+    let pause = -1;
+    const resume = (why: string): void => {
+      if (host.state !== 'paused') return;
+      host.resume(pause);
+      if ((host.state as string) === 'up') this.note(`FAULT ${host.name} resumed${why}`);
+    };
+    const key = /^put (vol\/[^ ]+\/log\/[0-9]+)$/.exec(what)?.[1];
+    if (key !== undefined && commitPoint && this.config.stallUntilFreed && this.pauseRng.chance(0.5)) {
+      const cap = this.pauseRng.logUniform(30 * M, 150 * M);
+      const after = this.pauseRng.logUniform(1, 3000);
+      pause = host.pause();
+      this.count('stallsUntilFreed');
+      this.note(`FAULT ${host.name} paused just before sending ${what}, until GC frees that position (at most ${Math.round(cap)} ms)`);
+      this.server.whenFreed(key, () => this.sim.after(after, () => { this.count('stallsEndedAtFreed'); resume(` ${Math.round(after)} ms after GC freed ${key}`); }));
+      this.sim.after(cap, () => resume(''));
+      return true;
+    }
     const ms = this.pauseRng.logUniform(5 * M, 60 * M);
-    host.pause();
+    pause = host.pause();
     this.count('pausesBeforeSend');
     this.note(`FAULT ${host.name} paused for ${Math.round(ms)} ms just before sending: ${what}`);
-    this.sim.after(ms, () => { if (host.state === 'paused') { host.resume(); this.note(`FAULT ${host.name} resumed`); } });
+    this.sim.after(ms, () => resume(''));
     return true;
   }
 
@@ -601,6 +638,54 @@ export class SimRun {
       seed: this.opts.seed, steps: this.opts.steps, off: [...this.off], workload: this.workloadName, ok: this.violation === null, violation: this.violation,
       trace: this.trace, stats, simMs: this.sim.now, events: this.sim.events, realMs: performance.now() - t0, stepsTaken: this.stepsTaken,
     };
+  }
+
+  private observer: Node | null = null;
+  private observerRng: Rng | null = null;
+
+  /**
+   * A put landed that could make a stale writer's data visible (SimStoreServer.onSuspicious):
+   * a fresh host, outside the fault schedule (its requests still meet the store's faults),
+   * opens the volume a moment later and reads it whole, every block held to the model, as
+   * the verifier does at the end. Recovery could meet such a record or checkpoint only
+   * until the next checkpoint supersedes it, so waiting for the end would miss it.
+   */
+  private observe(volumeId: string, why: string): void {
+    if (!this.on('views') || this.stopping || this.healed || this.violation) return;
+    const l = [...this.live.values()].find((x) => x.vm.id === volumeId && !x.removing && !x.unknown);
+    if (!l) return;
+    this.observerRng ??= this.sim.rng.derive('observer');
+    const delay = this.observerRng.logUniform(1, 5000);
+    l.users++; // as a view: nobody removes it under the observer
+    this.sim.after(delay, () => { void this.observeNow(l, why).finally(() => { l.users--; }); });
+  }
+
+  private async observeNow(l: Live, why: string): Promise<void> {
+    if (this.violation) return;
+    if (!this.observer) {
+      const host = this.sim.host('observer');
+      this.observer = new Node(this, host, host.start(), this.sim.rng.derive('observer-node'));
+    }
+    const node = this.observer;
+    this.count('observations');
+    this.note(`  observer reads ${l.name} whole: ${why}`);
+    const lo = this.model.stamp();
+    let vol: Volume | null = null;
+    try {
+      const rec = await this.op(node, `observer record ${l.name}`, () => node.catalog('host').record(l.name));
+      if (rec.id !== l.vm.id) return;
+      const opened = await this.op(node, `observer open ${l.name}`, async () => Volume.open(rec, node.volumeOptions(true, await node.cache())));
+      vol = opened;
+      const chunk = 16 * BLOCK;
+      for (let off = 0; off < opened.size && !this.violation; off += chunk) {
+        const buf = await this.op(node, `observer read ${l.name} [${off}, +${chunk})`, () => opened.read(off, Math.min(chunk, opened.size - off)), { read: true });
+        this.model.checkRead(l.vm, null, off, buf, lo, this.model.stamp(), `observer of ${l.name}`);
+      }
+    } catch (err) {
+      this.expect(err, `observer of ${l.name}`, ['CORRUPT', 'NOT_FOUND']);
+    } finally {
+      await vol?.close().catch(() => {});
+    }
   }
 
   /** A timer of nobody's process (the run's own orchestration). */

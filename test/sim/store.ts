@@ -81,6 +81,9 @@ export interface StoreStats {
   metaReadsOfRemoved: number;
 }
 
+/** The volume id of a `vol/ID/...` key. */
+function volumeIdOf(key: string): string { return key.split('/')[1] ?? ''; }
+
 /** Who wrote a checkpoint: its token and the record it follows (JSON fields of src/volume/volume.ts's Checkpoint). */
 function checkpointWriter(body: Buffer): string {
   try {
@@ -119,6 +122,19 @@ export class SimStoreServer {
   readonly stats: StoreStats = {
     requests: 0, failedBefore: 0, lostReplies: 0, noReplies: 0, slow: 0, refused: 0, recreated: 0, recreatedLog: 0, staleRecordAtFreedPosition: 0, checkpointReplaced: 0, checkpointByOtherWriter: 0, deletedByGc: 0, toleratedMetaReads: 0, gcReadsOfRemoved: 0, metaReadsOfRemoved: 0,
   };
+  /**
+   * Set by the runner: a put landed that could make a stale writer's data visible (a log
+   * position GC freed taken again by another record, a checkpoint replaced by another
+   * writer's). The runner then has a fresh host read the volume soon (the check that nothing
+   * a holder writes after losing its lease is ever visible, made where it could break).
+   */
+  onSuspicious: (volumeId: string, why: string) => void = () => {};
+  private readonly freedWatchers = new Map<string, (() => void)[]>();
+  /** Calls `cb` once GC deletes `key` (after it was created, if it does not exist yet). */
+  whenFreed(key: string, cb: () => void): void {
+    const w = this.freedWatchers.get(key);
+    if (w) w.push(cb); else this.freedWatchers.set(key, [cb]);
+  }
   /** Set by the runner: a GC promise broken. */
   onViolation: (msg: string) => void = () => {};
   /**
@@ -186,14 +202,14 @@ export class SimStoreServer {
   }
 
   put(key: string, body: Buffer, o: PutOptions | undefined, waiting = true, sentAt = this.sim.now): void {
-    if (key.includes('/checkpoint/') && this.objects.has(key) && checkpointWriter(this.objects.get(key)!.body) !== checkpointWriter(body)) {
-      // Another writer's checkpoint for a position that has one (a stale writer at a position
-      // GC freed: the case of 9.2; refused while checkpoints are create-only).
-      this.stats.checkpointByOtherWriter++;
-    }
+    const otherWritersCheckpoint = key.includes('/checkpoint/') && this.objects.has(key) && checkpointWriter(this.objects.get(key)!.body) !== checkpointWriter(body);
+    // Another writer's checkpoint for a position that has one (a stale writer at a position
+    // GC freed: the case of 9.2; refused while checkpoints are create-only).
+    if (otherWritersCheckpoint) this.stats.checkpointByOtherWriter++;
     if (o?.ifNoneMatch === true && this.objects.has(key)) {
       throw new PreconditionFailedError(`put ${key}: object already exists in ${this.description} (create-only put)`);
     }
+    if (otherWritersCheckpoint) this.onSuspicious(volumeIdOf(key), `${key} replaced by another writer's checkpoint`);
     if (!waiting && key.startsWith('volumes/') && (this.recordDeletedAt.get(key) ?? -1) > sentAt) this.resurrectedRecords.add(key.slice('volumes/'.length));
     if (!waiting && key.startsWith('volumes/') && body.includes('"parent"')) this.lateRecordPuts.add(key.slice('volumes/'.length));
     if (key.startsWith('volumes/')) {
@@ -207,7 +223,10 @@ export class SimStoreServer {
       // A log position GC freed, taken again (a stale writer: what "the log is a chain" is for).
       if (key.includes('/log/') && gone.by === 'gc') {
         this.stats.recreatedLog++;
-        if (o?.metadata?.['baton-put-id'] !== gone.putId) this.stats.staleRecordAtFreedPosition++;
+        if (o?.metadata?.['baton-put-id'] !== gone.putId) {
+          this.stats.staleRecordAtFreedPosition++;
+          this.onSuspicious(volumeIdOf(key), `${key} re-created at a position GC freed`);
+        }
       }
       this.traceApply?.(`store: ${key} re-created after ${gone.who} (${gone.by}) deleted it`);
     }
@@ -225,6 +244,10 @@ export class SimStoreServer {
     const existed = this.objects.delete(key);
     if (existed) this.sorted.splice(this.lowerBound(key), 1);
     if (existed && key.startsWith('volumes/')) this.recordDeletedAt.set(key, this.sim.now);
+    if (existed && role === 'gc') {
+      const w = this.freedWatchers.get(key);
+      if (w) { this.freedWatchers.delete(key); for (const cb of w) cb(); }
+    }
     if (existed && key.startsWith('vol/')) {
       this.deleted.set(key, { by: role, who, at: this.sim.now, putId });
       if (role === 'gc') {

@@ -230,14 +230,18 @@ export class SimHost {
     return this.proc;
   }
 
-  pause(): void {
-    if (this.state !== 'up') return;
+  private pauses = 0;
+
+  /** Stops the host; returns this pause's number (resume(n) ends only that pause, not a later one). */
+  pause(): number {
+    if (this.state !== 'up') return -1;
     this.state = 'paused';
     this.pausedAt = this.sim.now;
+    return ++this.pauses;
   }
 
-  resume(): void {
-    if (this.state !== 'paused') return;
+  resume(pause?: number): void {
+    if (this.state !== 'paused' || (pause !== undefined && pause !== this.pauses)) return;
     this.state = 'up';
     const held = this.held;
     this.held = [];
