@@ -399,6 +399,24 @@ export async function adminActor(run: SimRun, node: Node): Promise<void> {
         const base = [...run.live.values()].find((x) => x.vm === l.vm.fork!.source && x.users === 0 && !x.removing && !x.unknown);
         if (base && rng.chance(0.6)) await remove(run, node, base);
       }
+    } else if (r < 0.88 && run.on('forks') && run.on('rm') && count < run.config.maxVolumes + 3) {
+      // An agent's day: an attempt of an attempt is kept, the rest cleaned up (the attempt,
+      // then the workspace it came from). rm of the workspace can then tell that the kept one
+      // needs its data only through the removed attempt's meta (the case of 9.3).
+      // The attempt runs here (a session on this host writes it), so its log names it as the
+      // fork point of a fork of it.
+      const root = run.pick(rng, (l) => l.vm.kind === 'volume');
+      const child = root ? await derive(run, node, root, false) : null;
+      if (child) {
+        child.users++;
+        try { await writerSession(run, node, child, rng); } finally { child.users--; }
+      }
+      const grandchild = child && run.live.get(child.name) === child ? await derive(run, node, child, false) : null;
+      // (Never one somebody uses, as everywhere here: a view may have opened the attempt meanwhile.)
+      if (child && grandchild && child.users === 0 && (await remove(run, node, child)) && root && root.users === 0 && !root.removing && !root.unknown && run.live.get(root.name) === root) {
+        run.count('lineagesKeptForGrandchild');
+        await remove(run, node, root);
+      }
     }
     await node.proc.sleep(rng.logUniform(50, 8000));
   }
@@ -440,7 +458,8 @@ async function create(run: SimRun, node: Node, rng: Rng): Promise<void> {
   }
 }
 
-async function derive(run: SimRun, node: Node, src: Live, snapshot: boolean): Promise<void> {
+/** The fork or snapshot made, or null. */
+async function derive(run: SimRun, node: Node, src: Live, snapshot: boolean): Promise<Live | null> {
   const catalog = node.catalog('admin');
   const name = snapshot ? `${src.name}@${run.newName('s')}` : run.newName('f');
   src.users++;
@@ -449,11 +468,14 @@ async function derive(run: SimRun, node: Node, src: Live, snapshot: boolean): Pr
     await run.op(node, `${snapshot ? 'snapshot' : 'fork'} ${src.name} -> ${name}`, () => (snapshot ? catalog.snapshot(src.name, name.slice(name.indexOf('@') + 1)) : catalog.fork(src.name, name)));
     const hi = run.model.stamp();
     const rec = await run.op(node, `record ${name}`, () => catalog.record(name));
-    run.live.set(name, { name, vm: run.model.volume(rec.id, name, snapshot ? 'snapshot' : 'volume', run.config.blocks, { source: src.vm, lo, hi }), users: 0, removing: false, unknown: false });
+    const made: Live = { name, vm: run.model.volume(rec.id, name, snapshot ? 'snapshot' : 'volume', run.config.blocks, { source: src.vm, lo, hi }), users: 0, removing: false, unknown: false };
+    run.live.set(name, made);
     run.count(snapshot ? 'snapshots' : 'forks');
     run.note(`  made ${name} (${rec.id}) of ${src.name}`);
+    return made;
   } catch (err) {
     run.expect(err, `${node.proc.label} ${snapshot ? 'snapshot' : 'fork'} ${src.name}`, ['ALREADY_EXISTS']);
+    return null;
   } finally {
     src.users--;
   }
@@ -469,7 +491,7 @@ async function remove(run: SimRun, node: Node, l: Live): Promise<boolean> {
   for (const x of [l, ...snaps]) x.removing = true;
   try {
     const held = await run.op(node, `lease of ${l.name}`, () => node.leases.inspect(l.name));
-    if (held?.holder) { run.note(`  rm ${l.name}: refused, served by ${held.holder}`); for (const x of [l, ...snaps]) x.removing = false; return false; }
+    if (held?.holder) { run.count('rmRefusedServed'); run.note(`  rm ${l.name}: refused, served by ${held.holder}`); for (const x of [l, ...snaps]) x.removing = false; return false; }
   } catch (err) {
     for (const x of [l, ...snaps]) x.removing = false;
     run.expect(err, `${node.proc.label} rm ${l.name}: lease`);
