@@ -72,6 +72,24 @@ test('world: timers fire in (time, sequence) order; a paused host\'s fire late, 
   t.deepEqual(order, ['a1@10', 'b1@10', 'a2@100']);
 });
 
+test('world: a pause is ended only by its own resume (an earlier pause\'s timer never cuts a later one short)', async (t) => {
+  const order: string[] = [];
+  await inWorld(async (sim) => {
+    const a = sim.host('a');
+    const pa = a.start();
+    pa.setTimeout(() => order.push(`a@${sim.now}`), 50);
+    let first = -1;
+    let second = -1;
+    sim.after(10, () => { first = a.pause(); });
+    sim.after(20, () => a.resume(first));
+    sim.after(30, () => { second = a.pause(); });
+    sim.after(60, () => a.resume(first)); // the first pause's late timer: not this pause's
+    sim.after(90, () => a.resume(second));
+    await new Promise<void>((r) => { sim.after(200, r); });
+  });
+  t.deepEqual(order, ['a@90']);
+});
+
 test('sim store: S3 semantics (create-only, ranges, listing order and pages, read-after-write) and the GC audit', async (t) => {
   const violations: string[] = [];
   await inWorld(async (sim) => {
