@@ -116,18 +116,31 @@ export class StoreCatalog implements VolumeCatalog {
     for (let attempt = 1; ; attempt++) {
       const t0 = this.world.now();
       const rec = await make();
-      // Ids are random: this put only fails for a store error, and a meta nothing names is garbage.
-      await this.opts.store.put(keys.meta(rec.id), encodeVolumeRecord(rec), { ifNoneMatch: true });
-      let landed = true;
-      let uncertain = false;
+      // Ids are random: nobody else writes this key, and a meta nothing names is garbage.
+      let metaThere = true;
       try {
-        uncertain = await this.putName(rec, advice);
+        await this.opts.store.put(keys.meta(rec.id), encodeVolumeRecord(rec), { ifNoneMatch: true });
       } catch (err) {
-        if (!(err instanceof StoreUnavailableError) || this.world.now() - t0 <= budgetMs) throw err;
-        landed = false; // unresolved, and too late to trust if it did land: undone below
+        if (!(err instanceof PreconditionFailedError)) throw err;
+        // "Already exists" can only be an earlier try of this very put (its reply lost). The
+        // retrying store's read-back then finds it, unless it is gone again: GC deleted it as
+        // an unnamed meta older than its grace (simulator F6: a host stalled between the
+        // tries). Look: a name must never be put for a meta that is not there.
+        metaThere = (await this.opts.store.head(keys.meta(rec.id))) !== null;
+      }
+      let landed = false;
+      let uncertain = false;
+      if (metaThere) {
+        landed = true;
+        try {
+          uncertain = await this.putName(rec, advice);
+        } catch (err) {
+          if (!(err instanceof StoreUnavailableError) || this.world.now() - t0 <= budgetMs) throw err;
+          landed = false; // unresolved, and too late to trust if it did land: undone below
+        }
       }
       const ms = this.world.now() - t0;
-      if (landed && ms <= budgetMs) {
+      if (landed && ms <= budgetMs) { // (a meta that went missing is far slower than the budget: never landed)
         await confirm?.(rec);
         if (uncertain) await this.settle(rec, verb);
         return rec;

@@ -368,3 +368,30 @@ test('F4: a create whose name put needed no retry returns at once (no wait)', as
   await s.world.drive(s.catalog.create('v', 64 * MiB));
   t.true(s.world.now() - t0 < 100, `create took ${s.world.now() - t0} ms of virtual time`);
 });
+
+test('F6 (simulator seed 1980): a meta put whose first try landed unanswered, and whose retry met it gone again, is undone and made again (not PRECONDITION_FAILED)', async (t) => {
+  // Seen by the simulator: the first try of a snapshot's meta put lost its reply; the retry
+  // met "already exists" (the first try's meta), then the host stalled for a minute before
+  // the read-back, GC deleted the unnamed meta as older than its grace, and the read-back
+  // found nothing: the retrying store threw the 412. The catalog must not name a meta that
+  // is not there, nor fail with a conflict nobody else caused.
+  const s = setup();
+  let metaPuts = 0;
+  s.net.fate = (r) => {
+    if (r.op !== 'put' || !r.key.endsWith('/meta')) return NORMAL;
+    metaPuts++;
+    if (metaPuts === 1) return { landMs: 5, replyMs: 3 }; // times out, lands later
+    if (metaPuts === 2) return { landMs: 5, replyMs: 3 * M }; // 412, answered after the stall
+    return NORMAL;
+  };
+  s.net.onLand = (r) => {
+    // The stall of the second try: GC deletes the meta nothing names (older than its grace by the time the client looks).
+    if (r.op === 'put' && r.key.endsWith('/meta') && metaPuts === 2) void s.inner.delete(r.key);
+  };
+  const err = await s.world.drive(s.catalog.create('v', 64 * MiB).then(() => null, (e: unknown) => e as Error));
+  t.is(err, null, err?.message);
+  await s.world.quiesce();
+  const rec = await s.world.drive(s.catalog.record('v'));
+  t.truthy(await s.inner.head(keys.meta(rec.id)), 'the created volume has its meta');
+  t.deepEqual(await s.metas(), [keys.meta(rec.id)], 'nothing else is left behind');
+});
