@@ -399,23 +399,33 @@ export async function adminActor(run: SimRun, node: Node): Promise<void> {
         const base = [...run.live.values()].find((x) => x.vm === l.vm.fork!.source && x.users === 0 && !x.removing && !x.unknown);
         if (base && rng.chance(0.6)) await remove(run, node, base);
       }
-    } else if (r < 0.88 && run.on('forks') && run.on('rm') && count < run.config.maxVolumes + 3) {
-      // An agent's day: an attempt of an attempt is kept, the rest cleaned up (the attempt,
-      // then the workspace it came from). rm of the workspace can then tell that the kept one
-      // needs its data only through the removed attempt's meta (the case of 9.3).
-      // The attempt runs here (a session on this host writes it), so its log names it as the
-      // fork point of a fork of it.
+    } else if (r < 0.9 && run.on('forks') && run.on('rm') && count < run.config.maxVolumes + 3) {
+      // An agent's day: attempts of attempts (each one runs: a session on this host writes it,
+      // so its log names it as the fork point of a fork of it); the last is kept, the others
+      // are cleaned up newest first, then the workspace they came from. Each rm after the
+      // first can tell that the kept one needs its data only through removed attempts' metas
+      // (the case of 9.3).
       const root = run.pick(rng, (l) => l.vm.kind === 'volume');
-      const child = root ? await derive(run, node, root, false) : null;
-      if (child) {
-        child.users++;
-        try { await writerSession(run, node, child, rng); } finally { child.users--; }
+      const chain: Live[] = [];
+      for (let depth = rng.int(2, 3), src = root; src && chain.length < depth; src = chain[chain.length - 1]!) {
+        if (chain.length > 0) {
+          src.users++;
+          try { await writerSession(run, node, src, rng); } finally { src.users--; }
+          if (run.live.get(src.name) !== src) break;
+        }
+        const made = await derive(run, node, src, false);
+        if (!made) break;
+        chain.push(made);
       }
-      const grandchild = child && run.live.get(child.name) === child ? await derive(run, node, child, false) : null;
-      // (Never one somebody uses, as everywhere here: a view may have opened the attempt meanwhile.)
-      if (child && grandchild && child.users === 0 && (await remove(run, node, child)) && root && root.users === 0 && !root.removing && !root.unknown && run.live.get(root.name) === root) {
-        run.count('lineagesKeptForGrandchild');
-        await remove(run, node, root);
+      // Never one somebody uses, as everywhere here (a view may have opened an attempt meanwhile).
+      const idle = (x: Live | null): x is Live => x !== null && x.users === 0 && !x.removing && !x.unknown && run.live.get(x.name) === x;
+      if (chain.length >= 2) {
+        let kept = true;
+        for (const x of [...chain.slice(0, -1).reverse(), root]) {
+          if (!kept || !idle(x)) break;
+          kept = await remove(run, node, x);
+          if (kept) run.count('lineageRemovalsKept');
+        }
       }
     }
     await node.proc.sleep(rng.logUniform(50, 8000));

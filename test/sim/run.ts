@@ -101,6 +101,8 @@ export interface Config {
   stallUntilFreed: boolean;
   /** The admin's (the CLI's) requests fail this many times as often: a flaky link from an operator's machine. */
   adminFlaky: number;
+  /** The admin's requests: chance that one's key is unreachable from there for a while (StoreFaults.stuck). */
+  adminStuck: number;
 }
 
 function drawConfig(rng: Rng, on: (c: ClassName) => boolean): Config {
@@ -135,10 +137,11 @@ function drawConfig(rng: Rng, on: (c: ClassName) => boolean): Config {
     retries: on('retries') && rng.chance(0.85) ? { attempts: rng.pick([2, 4, 6]), baseDelayMs: 50, maxDelayMs: rng.pick([500, 2000]) } : null,
     faultGapMs: rng.pick([2000, 8000, 30_000]),
     maxVolumes: rng.int(2, 6),
-    mixedCheckpoints: rng.chance(0.5),
+    mixedCheckpoints: rng.chance(0.75),
     pauseBeforeSend: on('pauses') ? rng.pick([0, 0.0005, 0.002, 0.005]) : 0,
     stallUntilFreed: rng.chance(0.5),
     adminFlaky: on('errors') ? rng.pick([1, 1, 4, 10]) : 1,
+    adminStuck: on('errors') ? rng.pick([0, 0, 0.02, 0.05]) : 0,
   };
 }
 
@@ -166,7 +169,7 @@ export class Node {
   readonly engine: Config['engine'];
   constructor(readonly run: SimRun, readonly host: SimHost, readonly proc: Proc, readonly rng: Rng) {
     this.log = run.logger(proc.label);
-    this.engine = run.config.mixedCheckpoints ? { ...run.config.engine, checkpointEvery: rng.derive('engine').pick([1, 2, 8, 64]) } : run.config.engine;
+    this.engine = run.config.mixedCheckpoints ? { ...run.config.engine, checkpointEvery: rng.derive('engine').pick([1, 1, 2, 8, 64, 64]) } : run.config.engine;
     this.leases = new SimLeaseManager(run.leaseService, proc, () => run.leaseFaults, rng.derive('lease'), this.log);
   }
   get hostId(): string { return this.host.name; }
@@ -303,8 +306,8 @@ export class SimRun {
   /** The store faults a role's requests meet now (the admin's link may be flakier: Config.adminFlaky). */
   faultsFor(role: Role): StoreFaults {
     const f = this.storeFaults;
-    if (role !== 'admin' || this.config.adminFlaky === 1 || f.failBefore === 0) return f;
-    if (this.adminFaults?.base !== f) this.adminFaults = { base: f, faults: { ...f, failBefore: Math.min(0.4, f.failBefore * this.config.adminFlaky) } };
+    if (role !== 'admin' || f.failBefore === 0 || (this.config.adminFlaky === 1 && this.config.adminStuck === 0)) return f;
+    if (this.adminFaults?.base !== f) this.adminFaults = { base: f, faults: { ...f, failBefore: Math.min(0.4, f.failBefore * this.config.adminFlaky), stuck: this.config.adminStuck } };
     return this.adminFaults.faults;
   }
   private adminFaults: { base: StoreFaults; faults: StoreFaults } | null = null;
@@ -554,7 +557,7 @@ export class SimRun {
       if ((host.state as string) === 'up') this.note(`FAULT ${host.name} resumed${why}`);
     };
     const key = /^put (vol\/[^ ]+\/log\/[0-9]+)$/.exec(what)?.[1];
-    if (key !== undefined && commitPoint && this.config.stallUntilFreed && this.pauseRng.chance(0.5)) {
+    if (key !== undefined && commitPoint && this.config.stallUntilFreed && this.pauseRng.chance(0.75)) {
       const cap = this.pauseRng.logUniform(30 * M, 150 * M);
       const after = this.pauseRng.logUniform(1, 3000);
       pause = host.pause();

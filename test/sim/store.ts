@@ -48,6 +48,12 @@ export interface StoreFaults {
   timeoutMs: number;
   /** Listing page size (S3: 1000; small here so listings span pages). */
   pageSize: number;
+  /**
+   * A request's key becomes unreachable for this client for 5-40 s (503 on every try, longer
+   * than the retry budget: the partition serving it is down, or the path to it): an operation
+   * meets one error it cannot retry away, at any of its requests.
+   */
+  stuck?: number;
 }
 
 export const NO_FAULTS: StoreFaults = { latencyMs: [1, 20], failBefore: 0, lostReply: 0, noReply: 0, slow: 0, timeoutMs: 30_000, pageSize: 1000 };
@@ -300,6 +306,8 @@ export class SimStoreClient implements ObjectStore {
     /** For data reads: when the read resolved the map it fetches through. */
     private readonly resolvedAt?: number,
   ) {}
+  /** Keys this client cannot reach until then (StoreFaults.stuck). */
+  private readonly stuckUntil = new Map<string, number>();
 
   /** The same connection, its requests marked as reads of volume data for a read that resolved its map at `resolvedAt` (for the audit). */
   forData(resolvedAt?: number): SimStoreClient { return new SimStoreClient(this.server, this.proc, this.faults, this.rng, this.role, 'data', resolvedAt); }
@@ -349,10 +357,17 @@ export class SimStoreClient implements ObjectStore {
       if (cut === 'blackhole') { st.noReplies++; return; }
       const r = this.rng.float();
       let fate: 'ok' | 'failBefore' | 'lostReply' | 'noReplyApplied' | 'noReplyDropped' = 'ok';
+      const key = what.slice(what.indexOf(' ') + 1);
+      if (f.stuck && (this.stuckUntil.get(key) ?? -1) < sim.now && this.rng.chance(f.stuck)) {
+        this.stuckUntil.set(key, sim.now + this.rng.logUniform(5000, 40_000));
+        server.traceApply?.(`store ${proc.label}/${this.role}: ${key} unreachable from here for a while`);
+      }
+      const stuck = (this.stuckUntil.get(key) ?? -1) >= sim.now;
       // A store throttles in spells (S3's 503 Slow Down while a partition is over its request
       // rate): one 503 may start a spell in which most requests, from every host, get one too,
       // so a few retries in a row can all fail.
-      if (f.failBefore > 0 && sim.now < server.throttledUntil && this.rng.chance(0.7)) fate = 'failBefore';
+      if (stuck) fate = 'failBefore';
+      else if (f.failBefore > 0 && sim.now < server.throttledUntil && this.rng.chance(0.7)) fate = 'failBefore';
       else if (r < f.failBefore) {
         fate = 'failBefore';
         if (this.rng.chance(0.3)) server.throttledUntil = Math.max(server.throttledUntil, sim.now + this.rng.logUniform(200, 5000));
