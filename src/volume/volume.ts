@@ -820,15 +820,14 @@ export class Volume implements BlockBackend {
     if (this.ambiguous) {
       await this.publish(this.ambiguous);
       this.log.info({ seq: this.nextSeq - 1 }, 'an earlier commit whose reply was lost is in the log');
+      this.vouch(); // (simulator F7: this path once returned below without it)
     }
     if (this.sealed.length === 0) return;
     this.checkDeadline();
     const attempt = this.pack(this.sealed[0]!);
     await this.upload(attempt);
     await this.publish(attempt);
-    // It landed, and is in the log for everyone; but if our lease ran out meanwhile, we do
-    // not vouch for it to the client (EIO never claims the data is absent).
-    this.checkDeadline();
+    this.vouch();
     this.log.debug({ seq: attempt.seq, segments: attempt.segments.length, inline: attempt.header.inlineLength, extents: attempt.header.extents.length }, 'committed');
   }
 
@@ -967,6 +966,18 @@ export class Volume implements BlockBackend {
     this.commits++;
     this.lastFlushAt = a.header.time;
     this.maybeCheckpoint();
+  }
+
+  /**
+   * After a commit point, before the flush it serves succeeds: the record is in the log, but
+   * if this writer lost its lease or fenced itself while the put was on its way, it does not
+   * vouch for it to the client (EIO never claims the data is absent). A put that waited out
+   * a stall may have landed at a position GC freed after another writer moved the log on:
+   * recovery then ignores it ("The log is a chain"), so acknowledging it would lose the data.
+   */
+  private vouch(): void {
+    if (this.fencedError) throw this.fencedError;
+    this.checkDeadline();
   }
 
   private fence(reason: string): void {

@@ -217,6 +217,41 @@ test('simulator finding F5: a position taken and since garbage-collected fences 
   await a.close();
 });
 
+test('simulator finding F7 (seed 3443): an ambiguous commit that lands after the writer lost its lease is not acknowledged', async (t) => {
+  // Seen by the simulator: a commit's put lost its answer (ambiguous); the writer stalled
+  // before the retry; its lease ran out meanwhile and the volume fenced itself; the retry
+  // then landed (at a position GC had freed, so recovery ignores it) and the flush waiting
+  // for it succeeded: an acknowledged write that no later reader sees.
+  const { store, catalog, host } = setup();
+  await catalog.create('v', 4 * MiB);
+  const a = await host('v', 1);
+  let deadline = Infinity;
+  a.setWriteDeadline(() => deadline);
+  const pos = keys.log(a.volumeId, 2);
+  let tries = 0;
+  const held = gate();
+  store.onPut = async (key, _b, o, next) => {
+    if (key !== pos || !o?.ifNoneMatch) return next();
+    tries++;
+    if (tries === 1) throw new StoreUnavailableError('connection reset (the request may have been sent)');
+    await held.wait; // the stall: the lease runs out before this try goes out
+    return next();
+  };
+  await a.write(0, fill(4096, 9), false);
+  await t.throwsAsync(a.flush(), { instanceOf: StoreUnavailableError });
+  const flushing = a.flush(); // republishes the ambiguous attempt
+  await new Promise((r) => setImmediate(r));
+  deadline = 0; // the lease ran out during the stall
+  a.fenceLocally('lease lost: could not renew');
+  held.open();
+  const err = await flushing.then(() => null, (e: unknown) => e as Error);
+  t.truthy(err, 'the flush is not acknowledged');
+  t.true(err instanceof FencedError || (err as { code?: string })?.code === 'BATON_ERR_LEASE_LOST', String(err));
+  t.is(tries, 2, 'the ambiguous attempt was put again, and landed');
+  store.onPut = null;
+  await a.close();
+});
+
 test('9.7: reads cost the same after thousands of failed commits (no stack overflow)', async (t) => {
   const { store, catalog, host } = setup();
   await catalog.create('v', 4 * MiB);
