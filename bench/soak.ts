@@ -1319,7 +1319,8 @@ const serverIssues = new Map<string, { t: number; count: number; volume: string 
 // hosts run GC; a DELETE of a key that is gone still succeeds, so the hosts' own counts can overlap).
 const rgwCounters = await rgw.counters();
 const storeLeft = await (async () => {
-  const st = openStore(STORE, { endpoint: rgw.endpoint, credentials: rgwCredentials });
+  // With the run's settings, as every baton process of it (the store records them and refuses another value).
+  const st = openStore(STORE, { endpoint: rgw.endpoint, credentials: rgwCredentials, settings: { maxOperationMs: MAX_OP_MS } });
   try {
     const objs = await listAll(st, '');
     const vol = objs.filter((o) => o.key.startsWith('vol/'));
