@@ -128,10 +128,9 @@ export class StoreCatalog implements VolumeCatalog {
         // tries). Look: a name must never be put for a meta that is not there.
         metaThere = (await this.opts.store.head(keys.meta(rec.id))) !== null;
       }
-      let landed = false;
+      let landed = metaThere; // (a meta that went missing: undone below, its name never put)
       let uncertain = false;
       if (metaThere) {
-        landed = true;
         try {
           uncertain = await this.putName(rec, advice);
         } catch (err) {
@@ -140,7 +139,7 @@ export class StoreCatalog implements VolumeCatalog {
         }
       }
       const ms = this.world.now() - t0;
-      if (landed && ms <= budgetMs) { // (a meta that went missing is far slower than the budget: never landed)
+      if (landed && ms <= budgetMs) {
         await confirm?.(rec);
         if (uncertain) await this.settle(rec, verb);
         return rec;

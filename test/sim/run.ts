@@ -510,7 +510,7 @@ export class SimRun {
           const pause = host.pause();
           this.count('pauses');
           this.note(`FAULT ${host.name} paused for ${Math.round(ms)} ms`);
-          this.sim.after(ms, () => { if (host.state === 'paused') { host.resume(pause); this.note(`FAULT ${host.name} resumed`); } });
+          this.sim.after(ms, () => { if (host.resume(pause)) this.note(`FAULT ${host.name} resumed`); });
         } else if (kind === 'crashes' && host.state === 'up') {
           host.crash();
           this.count('crashes');
@@ -551,10 +551,10 @@ export class SimRun {
     if (p === 0 || this.healed || this.stopping || proc.host.state !== 'up' || !this.hosts.includes(proc.host) || !this.pauseRng.chance(p)) return false;
     const host = proc.host;
     let pause = -1;
-    const resume = (why: string): void => {
-      if (host.state !== 'paused') return;
-      host.resume(pause);
-      if ((host.state as string) === 'up') this.note(`FAULT ${host.name} resumed${why}`);
+    const resume = (why: string): boolean => {
+      const resumed = host.resume(pause);
+      if (resumed) this.note(`FAULT ${host.name} resumed${why}`);
+      return resumed;
     };
     const key = /^put (vol\/[^ ]+\/log\/[0-9]+)$/.exec(what)?.[1];
     if (key !== undefined && commitPoint && this.config.stallUntilFreed && this.pauseRng.chance(0.75)) {
@@ -563,7 +563,8 @@ export class SimRun {
       pause = host.pause();
       this.count('stallsUntilFreed');
       this.note(`FAULT ${host.name} paused just before sending ${what}, until GC frees that position (at most ${Math.round(cap)} ms)`);
-      this.server.whenFreed(key, () => this.sim.after(after, () => { this.count('stallsEndedAtFreed'); resume(` ${Math.round(after)} ms after GC freed ${key}`); }));
+      // (If the cap ended it first, the freeing resumes nothing: the pause is another one, or none.)
+      this.server.whenFreed(key, () => this.sim.after(after, () => { if (resume(` ${Math.round(after)} ms after GC freed ${key}`)) this.count('stallsEndedAtFreed'); }));
       this.sim.after(cap, () => resume(''));
       return true;
     }

@@ -240,13 +240,15 @@ export class SimHost {
     return ++this.pauses;
   }
 
-  resume(pause?: number): void {
-    if (this.state !== 'paused' || (pause !== undefined && pause !== this.pauses)) return;
+  /** Ends the pause (only pause number `pause`, if given); true if the host was resumed. */
+  resume(pause?: number): boolean {
+    if (this.state !== 'paused' || (pause !== undefined && pause !== this.pauses)) return false;
     this.state = 'up';
     const held = this.held;
     this.held = [];
     // They fire now, late, in the order they came due (the same handles: clearTimeout still works).
     for (const t of held) if (!t.cancelled) this.sim.requeue(t);
+    return true;
   }
 
   /** The process dies at its current await point: nothing it waits for ever happens. */
