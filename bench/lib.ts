@@ -1039,3 +1039,44 @@ export async function startStallProbe(socket: string, exportName: string, offset
     },
   };
 }
+
+// ------------------------------------------------------------------ goals (issue targets, one row each)
+
+/**
+ * One goal of an issue, measured in this run: what baton did, what its peer did in the same
+ * run (or nothing, for an absolute goal), the result (a ratio or a value) and the target.
+ * Every scenario puts its rows in its JSON as `goals`; `bench/goals.ts` prints them all at
+ * the end of `npm run bench`. `pass` is null when the row could not be measured.
+ */
+export interface GoalRow {
+  goal: string;
+  baton: string;
+  peer: string;
+  result: string;
+  target: string;
+  pass: boolean | null;
+}
+
+/** A throughput goal: baton ÷ peer at least `min`. */
+export function ratioGoal(goal: string, batonValue: number | undefined, peerName: string, peerValue: number | undefined, unit: string, min: number): GoalRow {
+  const r = ratio(batonValue, peerValue);
+  return {
+    goal, baton: `${fmt(batonValue)} ${unit}`, peer: `${peerName} ${fmt(peerValue)} ${unit}`,
+    result: fmtRatio(r), target: `≥ ${min}×`, pass: Number.isFinite(r) ? r >= min : null,
+  };
+}
+
+/** An absolute goal: `value` at most (or at least) `limit`. */
+export function limitGoal(goal: string, value: number | undefined, unit: string, op: '≤' | '≥', limit: number, peer = ''): GoalRow {
+  const ok = value !== undefined && Number.isFinite(value);
+  return {
+    goal, baton: `${fmt(value)} ${unit}`, peer, result: `${fmt(value)} ${unit}`, target: `${op} ${fmt(limit)} ${unit}`,
+    pass: ok ? (op === '≤' ? value <= limit : value >= limit) : null,
+  };
+}
+
+export function goalsTable(rows: GoalRow[]): string {
+  const mark = (p: boolean | null): string => (p === null ? '?' : p ? '✓' : '✗');
+  return markdownTable(['goal', 'baton', 'peer (same run)', 'result', 'target', ''],
+    rows.map((g) => [g.goal, g.baton, g.peer, g.result, g.target, mark(g.pass)]), ['l', 'r', 'r', 'r', 'l', 'l']);
+}

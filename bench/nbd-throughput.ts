@@ -1,26 +1,30 @@
 /**
- * NBD throughput benchmark: baton (`--store memory:`, the volume engine over an in-memory
- * object store; and `--store ram:`, the plain sparse-memory backend, which isolates the NBD
- * layer) against `nbdkit memory` as the reference server: same clients, same machine, same
- * run, all on Unix sockets; plus the local disk (a file in the temp dir) as a point of
- * reference for what the clients can do.
+ * NBD throughput benchmark: each baton store against its natural peer, same clients, same
+ * machine, same run, all on Unix sockets:
+ *   - `--store ram:` (a plain sparse-memory backend: the NBD layer and Node alone) against
+ *     `nbdkit memory`;
+ *   - `--store file:` (the volume engine over the embedded local-directory store, FLUSH
+ *     durable: fdatasync) against `nbdkit file` on a file in the same directory (same disk,
+ *     FLUSH = fdatasync);
+ *   - `--store memory:` (the volume engine over an in-memory object store) against
+ *     `nbdkit memory`, when asked for;
+ * plus the local disk (a file in the temp dir) as a point of reference for the clients.
  *
  * Per server, in this order (so reads hit written data):
  *   1. nbdcopy --flush RANDOM_FILE URI          sequential write of SIZE, incl. the final FLUSH
  *   2. nbdcopy URI null:                         sequential read of SIZE
  *   3. fio 4k randread  QD32 (nbd engine)        IOPS, latency p50/p99
  *   4. fio 4k randwrite QD32                     IOPS, latency p50/p99
- *   5. fio 4k randwrite QD1 --fsync=1            write+flush pairs/s, flush latency p50/p99 (for a
- *                                                memory backend: the protocol round trip)
+ *   5. fio 4k randwrite QD1 --fsync=1            write+flush pairs/s, flush latency p50/p99
  * Each server is started fresh for its pass and stopped after it; with REPEAT > 1 the
- * server order alternates and the table shows medians.
+ * server order alternates and the tables show medians.
  *
  * Knobs (environment): SIZE (1G), RUNTIME (fio seconds, 10), REPEAT (1), BATON_STORES
- * (`ram:,memory:`; the first one, the plain memory backend the issue compares with nbdkit memory, is judged against the targets), LOCAL (1: also measure the
- * local disk), PROFILE (0: 1 runs baton under `node --cpu-prof` and lists the hottest
- * functions; the numbers of such a run are not comparable).
- * Results: bench/results/nbd-throughput.md (table) and .json (everything, incl. raw fio jobs);
- * with PROFILE=1 nbd-throughput-profile.md/.json instead.
+ * (`ram:,file:`), LOCAL (1: also measure the local disk), PROFILE (0: 1 runs baton under
+ * `node --cpu-prof` and lists the hottest functions; the numbers of such a run are not
+ * comparable).
+ * Results: bench/results/nbd-throughput.md (tables) and .json (everything, incl. raw fio jobs
+ * and the goal rows); with PROFILE=1 nbd-throughput-profile.md/.json instead.
  */
 
 import * as fs from 'node:fs';
@@ -29,8 +33,8 @@ import * as path from 'node:path';
 import { formatSize } from '../src/size.js';
 import {
   RESULTS_DIR, envFlag, envNumber, envSize, fmt, fmtRatio, has, machineInfo, makeRandomFile, makeTempDir,
-  markdownTable, median, ratio, runFio, runNbdcopy, shellQuote, startBaton, startNbdkit, summarizeCpuProfile,
-  writeResults, type FioJob, type ProfileEntry, type Server,
+  goalsTable, markdownTable, median, ratio, ratioGoal, runFio, runNbdcopy, shellQuote, startBaton, startNbdkit, summarizeCpuProfile,
+  writeResults, type FioJob, type GoalRow, type ProfileEntry, type Server,
 } from './lib.js';
 
 const SIZE = envSize('SIZE', '1G');
@@ -39,31 +43,41 @@ const REPEAT = Math.max(1, Math.floor(envNumber('REPEAT', 1)));
 const LOCAL = envFlag('LOCAL', true);
 const PROFILE = envFlag('PROFILE', false);
 const VOLUME = 'bench';
-const BATON_STORES = (process.env.BATON_STORES || 'ram:,memory:').split(',').map((x) => x.trim()).filter(Boolean);
+const BATON_STORES = (process.env.BATON_STORES || 'ram:,file:').split(',').map((x) => x.trim()).filter(Boolean);
 
-/** What one pass runs against. `id` names the column ("baton memory:", "nbdkit", "local"). */
+/** What one pass runs against. `id` names the column ("baton file:", "nbdkit file", "local"). */
 interface Target {
   id: string;
   kind: 'baton' | 'nbdkit' | 'local';
+  /** baton: its --store; nbdkit: its plugin (memory or file). */
   store?: string;
 }
+
+/** The natural peer of a baton store: nbdkit's plugin that does the same job. */
+function peerPlugin(store: string): 'memory' | 'file' {
+  return store.startsWith('file:') || store.startsWith('raw:') ? 'file' : 'memory';
+}
+
+/** The issue's goals per store (baton ÷ its peer, throughput rows). */
+const STORE_GOALS: Record<string, { metric: string; min: number }[]> = {
+  'ram:': [{ metric: 'seq_write', min: 0.8 }, { metric: 'seq_read', min: 0.8 }],
+  'file:': [{ metric: 'seq_write', min: 0.8 }, { metric: 'seq_read', min: 0.8 }, { metric: 'randread_iops', min: 0.7 }, { metric: 'randwrite_iops', min: 0.7 }],
+};
 
 interface Metric {
   id: string;
   label: string;
   unit: string;
   better: 'higher' | 'lower';
-  /** Issue target for baton/nbdkit (throughput metrics only). */
-  target?: number;
 }
 
 const METRICS: Metric[] = [
-  { id: 'seq_write', label: 'nbdcopy sequential write (--flush)', unit: 'MiB/s', better: 'higher', target: 0.8 },
-  { id: 'seq_read', label: 'nbdcopy sequential read → null:', unit: 'MiB/s', better: 'higher', target: 0.8 },
-  { id: 'randread_iops', label: 'fio 4k randread QD32', unit: 'IOPS', better: 'higher', target: 0.5 },
+  { id: 'seq_write', label: 'nbdcopy sequential write (--flush)', unit: 'MiB/s', better: 'higher' },
+  { id: 'seq_read', label: 'nbdcopy sequential read → null:', unit: 'MiB/s', better: 'higher' },
+  { id: 'randread_iops', label: 'fio 4k randread QD32', unit: 'IOPS', better: 'higher' },
   { id: 'randread_p50', label: 'fio 4k randread QD32 latency p50', unit: 'µs', better: 'lower' },
   { id: 'randread_p99', label: 'fio 4k randread QD32 latency p99', unit: 'µs', better: 'lower' },
-  { id: 'randwrite_iops', label: 'fio 4k randwrite QD32', unit: 'IOPS', better: 'higher', target: 0.5 },
+  { id: 'randwrite_iops', label: 'fio 4k randwrite QD32', unit: 'IOPS', better: 'higher' },
   { id: 'randwrite_p50', label: 'fio 4k randwrite QD32 latency p50', unit: 'µs', better: 'lower' },
   { id: 'randwrite_p99', label: 'fio 4k randwrite QD32 latency p99', unit: 'µs', better: 'lower' },
   { id: 'fsync_iops', label: 'fio 4k randwrite QD1 --fsync=1 (write+flush pairs)', unit: 'IOPS', better: 'higher' },
@@ -177,6 +191,13 @@ async function runSteps(defs: StepDef[], server: Server | null, log: (s: string)
   return out;
 }
 
+/** An empty sparse file of `size` bytes (nbdkit file's image); returns its path. */
+function makeSparseFile(p: string, size: number): string {
+  fs.closeSync(fs.openSync(p, 'w'));
+  fs.truncateSync(p, size);
+  return p;
+}
+
 function newestProfile(dir: string, since: number): string | undefined {
   if (!fs.existsSync(dir)) return undefined;
   return fs.readdirSync(dir)
@@ -192,12 +213,15 @@ async function main(): Promise<void> {
     if (!has(tool)) throw new Error(`${tool} is not installed (Debian: apt-get install ${tool === 'fio' ? 'fio' : 'libnbd-bin'})`);
   }
   const haveNbdkit = has('nbdkit');
-  if (!haveNbdkit) log('nbdkit is not installed: no nbdkit column, no ratios (Debian: apt-get install nbdkit)');
+  if (!haveNbdkit) log('nbdkit is not installed: no peer columns, no ratios (Debian: apt-get install nbdkit)');
 
-  const nbdTargets: Target[] = [
-    ...BATON_STORES.map((store): Target => ({ id: `baton ${store}`, kind: 'baton', store })),
-    ...(haveNbdkit ? [{ id: 'nbdkit', kind: 'nbdkit' } as Target] : []),
-  ];
+  // Each baton store, then its peer right after it (once per plugin).
+  const nbdTargets: Target[] = [];
+  for (const store of BATON_STORES) {
+    nbdTargets.push({ id: `baton ${store}`, kind: 'baton', store });
+    const plugin = peerPlugin(store);
+    if (haveNbdkit && !nbdTargets.some((t) => t.kind === 'nbdkit' && t.store === plugin)) nbdTargets.push({ id: `nbdkit ${plugin}`, kind: 'nbdkit', store: plugin });
+  }
 
   const machine = machineInfo();
   const started = Date.now();
@@ -227,7 +251,7 @@ async function main(): Promise<void> {
         try {
           server = target.kind === 'baton'
             ? await startBaton({ dir, volume: VOLUME, size: SIZE, store: target.store ?? 'memory:', ...(PROFILE ? { nodeArgs: ['--cpu-prof', `--cpu-prof-dir=${profDir}`] } : {}) })
-            : await startNbdkit({ dir, plugin: ['memory', String(SIZE)] });
+            : await startNbdkit({ dir, plugin: target.store === 'file' ? ['file', makeSparseFile(path.join(dir, 'nbdkit.img'), SIZE)] : ['memory', String(SIZE)] });
           rec.serverArgv = server.argv;
           rec.steps = await runSteps(steps(rnd.path, { uri: server.uri }, dir), server, log);
         } catch (e) {
@@ -257,6 +281,7 @@ async function main(): Promise<void> {
     randomFile: { onTmpfs: rnd.onTmpfs, generateS: rnd.seconds },
     metrics: METRICS,
     summary: Object.fromEntries(targets.map((t) => [t.id, summarize(runs, t.id)])),
+    goals: PROFILE ? [] : goalRows(targets, runs),
     runs,
   };
   // A profiled run's numbers are not comparable: keep them apart from the reference table.
@@ -278,50 +303,61 @@ function summarize(runs: RunRecord[], target: string): Record<string, number> {
   return out;
 }
 
+/** The goal rows of this run: each store's goals against its peer (medians). */
+function goalRows(targets: Target[], runs: RunRecord[]): GoalRow[] {
+  const rows: GoalRow[] = [];
+  for (const t of targets.filter((x) => x.kind === 'baton')) {
+    const plugin = peerPlugin(t.store!);
+    const mine = summarize(runs, t.id);
+    const peer = summarize(runs, `nbdkit ${plugin}`);
+    const key = t.store!.startsWith('file:') ? 'file:' : t.store!.startsWith('ram:') ? 'ram:' : t.store!;
+    for (const g of STORE_GOALS[key] ?? []) {
+      const m = METRICS.find((x) => x.id === g.metric)!;
+      rows.push(ratioGoal(`\`${t.store}\` vs nbdkit ${plugin}: ${m.label}`, mine[m.id], `nbdkit ${plugin}`, peer[m.id], m.unit, g.min));
+    }
+  }
+  return rows;
+}
+
 function render(m: ReturnType<typeof machineInfo>, targets: Target[], runs: RunRecord[], rnd: { path: string; onTmpfs: boolean }, work: string, localFile: string, durationS: number): string {
   const sum = new Map(targets.map((t) => [t.id, summarize(runs, t.id)]));
   const batons = targets.filter((t) => t.kind === 'baton');
-  const nbdkit = sum.get('nbdkit') ?? {};
   const local = sum.get('local') ?? {};
   const L: string[] = [];
-  L.push('# NBD throughput: baton vs nbdkit (memory backends)\n');
+  L.push('# NBD throughput: each baton store against its nbdkit peer\n');
   L.push(`${m.date.slice(0, 16).replace('T', ' ')} UTC on \`${m.hostname}\`: ${m.nproc} cores (${m.cpuModel}), ${m.memTotalGiB} GiB RAM, ${m.kernel}, load average at start ${m.loadavgAtStart.join(' ')}.`);
   L.push(`node ${m.node}; ${m.nbdkit ?? 'nbdkit missing'}; ${m.nbdcopy ?? 'nbdcopy missing'}; ${m.fio ?? 'fio missing'}; baton ${m.batonCommit ?? '?'} (working tree as built).`);
   L.push(`SIZE=${formatSize(SIZE)}, RUNTIME=${RUNTIME} s, REPEAT=${REPEAT}${REPEAT > 1 ? ' (medians; server order alternates)' : ''}, BATON_STORES=${BATON_STORES.join(',')}${PROFILE ? ', **PROFILE=1: baton ran under --cpu-prof, its numbers are not comparable**' : ''}; whole run ${durationS.toFixed(0)} s.`);
-  L.push(`Random source file on ${rnd.onTmpfs ? 'tmpfs (/dev/shm)' : 'the temp dir'}; local reference file on ${m.tmpdir} (${m.tmpdirFs ?? '?'}).\n`);
+  L.push(`Random source file on ${rnd.onTmpfs ? 'tmpfs (/dev/shm)' : 'the temp dir'}; baton's \`file:\` store, nbdkit file's image and the local reference file on ${m.tmpdir} (${m.tmpdirFs ?? '?'}).\n`);
 
-  const headers = ['metric', ...batons.map((b) => b.id), 'nbdkit', ...batons.map((b) => `${b.id} / nbdkit`), ...(LOCAL ? ['local'] : []), `target (issue), for ${batons[0]?.id ?? 'baton'}`];
-  const rows = METRICS.map((mt) => {
-    const vals = batons.map((b) => sum.get(b.id)?.[mt.id]);
-    const ratios = vals.map((v) => ratio(v, nbdkit[mt.id]));
-    let target = '';
-    if (mt.target !== undefined) {
-      const r = ratios[0] ?? NaN;
-      target = `≥ ${mt.target}× ${Number.isFinite(r) ? (r >= mt.target ? '✓' : '✗') : '?'}`;
-    }
-    return [`${mt.label}, ${mt.unit} ${mt.better === 'higher' ? '↑' : '↓'}`, ...vals.map(fmt), fmt(nbdkit[mt.id]), ...ratios.map(fmtRatio), ...(LOCAL ? [fmt(local[mt.id])] : []), target];
-  });
-  L.push(markdownTable(headers, rows, ['l', ...headers.slice(1, -1).map(() => 'r' as const), 'l']));
+  L.push('## Goals (issue 11), this run\n');
+  L.push(goalsTable(goalRows(targets, runs)));
+
+  for (const b of batons) {
+    const plugin = peerPlugin(b.store!);
+    const peerId = `nbdkit ${plugin}`;
+    const mine = sum.get(b.id) ?? {};
+    const peer = sum.get(peerId) ?? {};
+    L.push(`## \`${b.store}\` against \`nbdkit ${plugin}\`\n`);
+    const headers = ['metric', b.id, peerId, `${b.id} / ${peerId}`, ...(LOCAL ? ['local'] : [])];
+    const rows = METRICS.map((mt) => [`${mt.label}, ${mt.unit} ${mt.better === 'higher' ? '↑' : '↓'}`, fmt(mine[mt.id]), fmt(peer[mt.id]), fmtRatio(ratio(mine[mt.id], peer[mt.id])), ...(LOCAL ? [fmt(local[mt.id])] : [])]);
+    L.push(markdownTable(headers, rows, ['l', ...headers.slice(1).map(() => 'r' as const)]));
+  }
   L.push('How to read it: ↑ = higher is better (MiB/s, IOPS), ↓ = lower is better (latency, µs). Every ratio column is');
-  L.push('baton ÷ nbdkit, so on ↑ rows > 1 means baton is faster, and on ↓ (latency) rows < 1 means baton is faster');
+  L.push('baton ÷ its peer, so on ↑ rows > 1 means baton is faster, and on ↓ (latency) rows < 1 means baton is faster');
   L.push('(> 1: baton slower). Latency is fio total latency (submission + completion) per 4 KiB I/O; flush latency is');
-  L.push('the FLUSH round trip alone (a no-op in nbdkit memory and baton ram:, so pure protocol and scheduling cost;');
-  L.push('baton memory: does whatever its volume engine does on FLUSH). `memory:` is baton\'s volume engine over an');
-  L.push('in-memory object store (what a user of baton gets, minus S3 latency); `ram:` is a plain sparse-memory');
-  L.push('backend like nbdkit memory, so it isolates the NBD layer. "local" is the same clients against a file in');
+  L.push('the FLUSH round trip alone. `ram:` and `nbdkit memory` hold data in memory and their FLUSH does nothing: that');
+  L.push('pair isolates the NBD layer. `file:` is baton\'s volume engine over the embedded local-directory store, whose');
+  L.push('FLUSH returns once the data is fdatasync\'ed into the store\'s files; `nbdkit file` writes into one image file');
+  L.push('and its FLUSH is fdatasync: the same promise, on the same disk. "local" is the same clients against a file in');
   L.push('the temp dir: nbdcopy to/from the file (the read is served from the page cache), fio with libaio (QD32)');
-  L.push('or psync (QD1 + fsync), O_DIRECT; it shows what the machine and clients can do and is not a target.');
-  L.push('Targets (issue): baton ≥ 0.8× nbdkit sequential (nbdcopy), ≥ 0.5× for 4 KiB random (fio QD32).\n');
+  L.push('or psync (QD1 + fsync), O_DIRECT; it shows what the machine and clients can do and is not a target.\n');
 
-  const cpuRows = STEP_NAMES.map((st) => {
-    const k = nbdkit[`cpu_${st}`];
-    const vals = batons.map((b) => sum.get(b.id)?.[`cpu_${st}`]);
-    return [st, ...vals.map(fmt), fmt(k), ...vals.map((v) => fmtRatio(ratio(v, k)))];
-  });
+  const cpuRows = STEP_NAMES.map((st) => [st, ...targets.filter((t) => t.kind !== 'local').map((t) => fmt(sum.get(t.id)?.[`cpu_${st}`]))]);
   L.push('## Server CPU time per step\n');
   L.push('user + system CPU seconds the server process used during each step (all threads, from /proc/PID/stat).');
   L.push(`Client and server share the ${m.nproc} cores, so CPU a server burns is taken from the client too.\n`);
-  const cpuHeaders = ['step', ...batons.map((b) => `${b.id} CPU s`), 'nbdkit CPU s', ...batons.map((b) => `${b.id} / nbdkit`)];
+  const cpuHeaders = ['step', ...targets.filter((t) => t.kind !== 'local').map((t) => `${t.id} CPU s`)];
   L.push(markdownTable(cpuHeaders, cpuRows, ['l', ...cpuHeaders.slice(1).map(() => 'r' as const)]));
 
   for (const prof of runs.filter((r) => r.profileTop && r.repeat === 0)) {

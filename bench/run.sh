@@ -16,6 +16,7 @@ if ! npx tsc -p .; then
   npx tsc -p bench/tsconfig.json
 fi
 failed=()
+export BENCH_STARTED=$(($(date +%s%N) / 1000000))
 for s in ${SCENARIOS:-nbd-throughput volume handoff fork workspace-forks gc}; do
   if [[ "$s" == volume ]] && { [[ $EUID -ne 0 ]] || ! command -v radosgw >/dev/null; }; then
     # radosgw (scripts/rgw.sh) and losetup/mount for ext4 over nbdfuse.
@@ -30,6 +31,7 @@ for s in ${SCENARIOS:-nbd-throughput volume handoff fork workspace-forks gc}; do
   echo "bench: $s" >&2
   node "dist/bench/$s.js" || failed+=("$s")
 done
+node dist/bench/goals.js
 if (( ${#failed[@]} > 0 )); then
   echo "bench: failed: ${failed[*]}" >&2
   exit 1

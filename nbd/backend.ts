@@ -40,8 +40,10 @@ export interface BlockBackend {
   /** `data` is owned by the backend after the call (the session never reuses it). */
   write(offset: number, data: Buffer, fua: boolean): Promise<void>;
   /**
-   * Optional scatter form of write for backends that copy: the payload as received pieces,
-   * only valid during the call (copied before it returns, synchronously).
+   * Optional scatter form of write: the payload as the pieces it was received in, in order.
+   * Like write's `data`, the pieces are the backend's after the call (the session never
+   * reuses them); each may be a subarray of a larger received buffer, so a backend that
+   * keeps small pieces for long should copy them (a 4 KiB piece can pin a 64 KiB buffer).
    */
   writeChunks?(offset: number, chunks: readonly Buffer[], fua: boolean): Promise<void>;
   flush(): Promise<void>;

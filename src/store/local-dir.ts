@@ -47,7 +47,7 @@ import {
   PreconditionFailedError,
 } from '../errors.js';
 import { compareKeys, rangeError, validateKey, validateMetadata, validateRange } from './memory.js';
-import type { ByteRange, ListOptions, ObjectHead, ObjectInfo, ObjectStore, PutOptions } from './object-store.js';
+import type { ByteRange, ListOptions, LocalObjects, ObjectHead, ObjectInfo, ObjectStore, PutOptions } from './object-store.js';
 
 const MAGIC = Buffer.from('BATONOB1', 'latin1');
 export const LOCAL_HEADER_SIZE = 4096;
@@ -141,17 +141,35 @@ async function readFully(fh: FileHandle, buf: Buffer, position: number, what: st
   }
 }
 
-async function writeFully(fh: FileHandle, bufs: Buffer[]): Promise<void> {
+/** Write `bufs` back to back from position 0: one pwritev per try (a segment's pieces are many). */
+async function writeFully(fh: FileHandle, bufs: readonly Buffer[]): Promise<void> {
   let position = 0;
-  for (const b of bufs) {
-    let off = 0;
-    while (off < b.length) {
-      const { bytesWritten } = await fh.write(b, off, b.length - off, position);
-      off += bytesWritten;
-      position += bytesWritten;
-    }
+  let pending = bufs.filter((b) => b.length > 0);
+  while (pending.length > 0) {
+    const { bytesWritten } = await fh.writev(pending, position);
+    position += bytesWritten;
+    // A short write (rare: signals, quotas) continues after the last byte written.
+    let skip = bytesWritten;
+    let i = 0;
+    while (i < pending.length && skip >= pending[i]!.length) skip -= pending[i++]!.length;
+    pending = pending.slice(i);
+    if (pending.length > 0 && skip > 0) pending[0] = pending[0]!.subarray(skip);
   }
 }
+
+/**
+ * Open object files kept for LocalObjects.read, so that a read from the store costs one pread
+ * (as a read from a cache file would), not open + fstat + pread + close. Why this is safe:
+ * baton reads in place only objects that are never replaced, and a file's bytes never
+ * change once it has its name; a put or delete through this store forgets its key's file at
+ * once. What an open file costs: a deleted object's space is freed when its file is closed,
+ * so files are closed when idle for IDLE_FD_MS (one timer, unref'd, while any is open) and
+ * at most MAX_OPEN_FILES stay open.
+ */
+const MAX_OPEN_FILES = 128;
+const IDLE_FD_MS = 5_000;
+
+interface OpenFile { fh: Promise<{ fh: FileHandle; size: number }>; readers: number; lastUsed: number; forgotten: boolean }
 
 async function fsyncDir(path: string): Promise<void> {
   const fh = await open(path, fsc.O_RDONLY | fsc.O_DIRECTORY);
@@ -168,6 +186,12 @@ export class LocalDirObjectStore implements ObjectStore {
   /** Directories whose entry in their parent this process has fsync'ed (or found and fsync'ed). */
   readonly #durableDirs = new Set<string>();
   readonly #tmpDir: string;
+  readonly #open = new Map<string, OpenFile>(); // insertion order = least recently used first
+  #sweepTimer: ReturnType<typeof setTimeout> | null = null;
+  readonly local: LocalObjects = {
+    read: (key, offset, length, out, outOff) => this.#readInPlace(key, offset, length, out, outOff),
+    putParts: (key, parts, options) => this.#put(key, parts, options),
+  };
   /** Root made durable, `.tmp/` made and swept; once per process (reset if it failed). */
   #tmpReady: Promise<void> | null = null;
 
@@ -350,8 +374,96 @@ export class LocalDirObjectStore implements ObjectStore {
     }
   }
 
-  async put(key: string, body: Buffer, options?: PutOptions): Promise<void> {
+  put(key: string, body: Buffer, options?: PutOptions): Promise<void> {
+    return this.#put(key, [body], options);
+  }
+
+  async #readInPlace(key: string, offset: number, length: number, out: Buffer, outOff: number): Promise<void> {
+    validateRange({ offset, length });
+    let f = this.#open.get(key);
+    const opening = !f;
+    if (f) {
+      this.#open.delete(key); this.#open.set(key, f); // most recently used
+    } else {
+      const { file } = this.#paths(key);
+      f = { fh: this.#openForRead(key, file), readers: 0, lastUsed: 0, forgotten: false };
+      this.#open.set(key, f);
+    }
+    f.readers++;
+    f.lastUsed = Date.now();
+    if (opening) this.#sweep(false);
+    try {
+      let opened: { fh: FileHandle; size: number };
+      try {
+        opened = await f.fh;
+      } catch (err) {
+        if (this.#open.get(key) === f) this.#open.delete(key); // not kept: the next read tries again
+        throw err;
+      }
+      if (offset + length > opened.size) throw rangeError(key, { offset, length }, opened.size);
+      let done = 0;
+      while (done < length) {
+        const { bytesRead } = await opened.fh.read(out, outOff + done, length - done, LOCAL_HEADER_SIZE + offset + done);
+        if (bytesRead === 0) throw new CorruptError(`get ${key}: file ended early (wanted ${length} bytes at ${offset})`);
+        done += bytesRead;
+      }
+    } catch (err) {
+      throw this.#ioError('get', key, err);
+    } finally {
+      f.readers--;
+      if (f.forgotten && f.readers === 0) void this.#closeFile(f);
+    }
+  }
+
+  async #openForRead(key: string, file: string): Promise<{ fh: FileHandle; size: number }> {
+    let fh: FileHandle;
+    try {
+      fh = await open(file, 'r');
+    } catch (err) {
+      const code = errnoOf(err);
+      if (code === 'ENOENT' || code === 'ENOTDIR') throw new NotFoundError(`get ${key}: no such object in ${this.description}`);
+      throw err;
+    }
+    try {
+      const size = (await fh.stat()).size - LOCAL_HEADER_SIZE;
+      if (size < 0) throw new CorruptError(`get ${key}: object file ${file} is shorter than its header`);
+      return { fh, size };
+    } catch (err) {
+      await fh.close().catch(() => {});
+      throw err;
+    }
+  }
+
+  async #closeFile(f: OpenFile): Promise<void> {
+    try { await (await f.fh).fh.close(); } catch { /* never opened, or closed already */ }
+  }
+
+  /** This key's open file is not to be read again (put or deleted through this store). */
+  #forgetFile(key: string): void {
+    const f = this.#open.get(key);
+    if (!f) return;
+    this.#open.delete(key);
+    f.forgotten = true;
+    if (f.readers === 0) void this.#closeFile(f);
+  }
+
+  /** Close files idle past IDLE_FD_MS and the least recently used beyond MAX_OPEN_FILES; rearm while any is open. */
+  #sweep(fromTimer: boolean): void {
+    if (fromTimer) this.#sweepTimer = null;
+    const now = Date.now();
+    for (const [key, f] of this.#open) {
+      if (f.readers > 0) continue;
+      if (this.#open.size > MAX_OPEN_FILES || now - f.lastUsed >= IDLE_FD_MS) this.#forgetFile(key);
+    }
+    if (this.#open.size > 0 && !this.#sweepTimer) {
+      this.#sweepTimer = setTimeout(() => this.#sweep(true), IDLE_FD_MS);
+      this.#sweepTimer.unref?.();
+    }
+  }
+
+  async #put(key: string, parts: readonly Buffer[], options?: PutOptions): Promise<void> {
     const { dir, dirSegs, file } = this.#paths(key);
+    this.#forgetFile(key);
     validateMetadata(options?.metadata);
     const header = encodeHeader({ etag: `"${randomBytes(16).toString('hex')}"`, metadata: { ...options?.metadata } });
     const createOnly = options?.ifNoneMatch === true;
@@ -376,7 +488,7 @@ export class LocalDirObjectStore implements ObjectStore {
       }
       try {
         try {
-          await writeFully(fh, [header, body]);
+          await writeFully(fh, [header, ...parts]);
           await fh.datasync();
         } finally {
           await fh.close();
@@ -476,6 +588,7 @@ export class LocalDirObjectStore implements ObjectStore {
 
   async delete(key: string): Promise<void> {
     const { dir, file } = this.#paths(key);
+    this.#forgetFile(key);
     try {
       try {
         await unlink(file);
@@ -507,5 +620,8 @@ export class LocalDirObjectStore implements ObjectStore {
     }
   }
 
-  async close(): Promise<void> {}
+  async close(): Promise<void> {
+    if (this.#sweepTimer) { clearTimeout(this.#sweepTimer); this.#sweepTimer = null; }
+    for (const key of [...this.#open.keys()]) this.#forgetFile(key);
+  }
 }

@@ -50,9 +50,32 @@ export interface ListOptions {
   startAfter?: string;
 }
 
+/**
+ * What a store whose objects are files on this machine offers beyond the interface. The
+ * engine then reads objects where they lie, without its read cache (a second copy on the
+ * same disk would cost a write and a read the store already did), and puts a body as the
+ * pieces it holds (no copy to assemble them). Only a store whose reads cost what a local
+ * disk's do has it. A decorator passes it on only if it changes nothing about reads and
+ * puts: one that injects faults or latency hides it, so that the engine then uses its cache
+ * as it would for a remote store.
+ */
+export interface LocalObjects {
+  /**
+   * Fill out[outOff, outOff + length) with bytes [offset, offset + length) of object `key`:
+   * NotFoundError if it does not exist, OutOfRangeError past its end (as a ranged get).
+   * For objects that are never replaced (every data object of a volume): an object read
+   * before may be read through a file opened then, also after it was deleted.
+   */
+  read(key: string, offset: number, length: number, out: Buffer, outOff: number): Promise<void>;
+  /** Exactly put(key, concatenation of parts, options), without concatenating them. */
+  putParts(key: string, parts: readonly Buffer[], options?: PutOptions): Promise<void>;
+}
+
 export interface ObjectStore {
   /** For logs and errors: "s3://bucket/prefix", "file:/var/lib/baton". */
   readonly description: string;
+  /** Present when objects are local files (see LocalObjects). */
+  readonly local?: LocalObjects;
   get(key: string, range?: ByteRange): Promise<Buffer>;
   put(key: string, body: Buffer, options?: PutOptions): Promise<void>;
   /** Null when the key does not exist. */

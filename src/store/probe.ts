@@ -20,7 +20,7 @@ import { hostname } from 'node:os';
 import { CorruptError, MisconfiguredError, StoreUnsafeError, errorMessage, isBatonError } from '../errors.js';
 import { maxOperationMs } from '../volume/format.js';
 import { PUT_ID_META, RetryingObjectStore, isRetryable, newPutId } from './decorators.js';
-import type { ByteRange, ListOptions, ObjectHead, ObjectInfo, ObjectStore, PutOptions } from './object-store.js';
+import type { ByteRange, ListOptions, LocalObjects, ObjectHead, ObjectInfo, ObjectStore, PutOptions } from './object-store.js';
 
 export const PROBE_PREFIX = '_probe/';
 
@@ -264,8 +264,22 @@ export class SettingsCheckedObjectStore implements ObjectStore {
   #refused: unknown = null;
   #pending: Promise<void> | null = null;
 
+  /** The inner store's, behind the same check as get and put (it changes nothing else). */
+  readonly local?: LocalObjects;
+
   constructor(readonly next: ObjectStore, readonly settings: StoreSettings = processSettings()) {
     this.description = next.description;
+    const inner = next.local;
+    if (inner) {
+      this.local = {
+        read: (key, offset, length, out, outOff) => (this.#state === 'ok'
+          ? inner.read(key, offset, length, out, outOff)
+          : this.#ready(false).then(() => inner.read(key, offset, length, out, outOff))),
+        putParts: (key, parts, options) => (this.#state === 'ok'
+          ? inner.putParts(key, parts, options)
+          : this.#ready(true).then(() => inner.putParts(key, parts, options))),
+      };
+    }
   }
 
   async #ready(mutating: boolean): Promise<void> {

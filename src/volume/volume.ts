@@ -36,7 +36,7 @@ import { BatonError, CorruptError, FencedError, LeaseLostError, NotFoundError, P
 import { randomId, systemWorld, type TimerHandle, type World } from '../clock.js';
 import type { Logger } from '../log.js';
 import { PUT_ID_META } from '../store/decorators.js';
-import { listAll, type ObjectStore } from '../store/object-store.js';
+import { listAll, type LocalObjects, type ObjectStore } from '../store/object-store.js';
 import {
   SRC_HOLE, SRC_INLINE, SRC_ZERO, decodeCheckpoint, decodeLogHeader, decodeVolumeRecord, encodeLogRecord, fenceAfter, followsChain, keys,
   logHeaderLength, maxOperationMs, recordCounts, seqFromKey, timeBounds,
@@ -149,11 +149,19 @@ function deferred(): Deferred {
 }
 
 const ARENA_CHUNK = 1024 * 1024;
+/** writeChunks keeps the received pieces of a write at least this long (see there). */
+const KEEP_PIECES_MIN = 128 * 1024;
 
 export class Volume implements BlockBackend {
   readonly size: number;
   readonly readOnly: boolean;
   private readonly store: ObjectStore;
+  /**
+   * The store's objects are local files (ObjectStore.local): reads go to them in place and
+   * never through the block cache, which would only copy them to the same disk; segments are
+   * put as the pieces the writes brought. Undefined for a remote store.
+   */
+  private readonly local: LocalObjects | undefined;
   private readonly world: World;
   private readonly blockCache: BlockCache;
   private readonly log: Logger;
@@ -204,6 +212,7 @@ export class Volume implements BlockBackend {
     this.id = record.id;
     this.readOnly = opts.readOnly;
     this.store = opts.store;
+    this.local = opts.store.local;
     this.blockCache = opts.cache;
     this.log = opts.log.child({ volume: record.name });
     this.token = opts.token ?? 0;
@@ -607,7 +616,12 @@ export class Volume implements BlockBackend {
       else if ('buf' in v) v.buf.copy(out, p.offset - offset, 0, p.length);
       else fetches.push({ key: v.key, size: v.size, off: v.off, len: p.length, outOff: p.offset - offset });
     });
-    if (fetches.length > 0) {
+    if (fetches.length > 0 && this.local) {
+      // Settled before answering, failed or not: see below.
+      const local = this.local;
+      const results = await Promise.allSettled(fetches.map((f) => local.read(f.key, f.off, f.len, out, f.outOff)));
+      for (const r of results) if (r.status === 'rejected') throw r.reason;
+    } else if (fetches.length > 0) {
       // Sequential readers get a growing readahead window.
       if (offset === this.lastReadEnd) this.sequentialStreak = Math.min(this.sequentialStreak + 1, 6);
       else this.sequentialStreak = 0;
@@ -709,6 +723,32 @@ export class Volume implements BlockBackend {
     await this.admit();
     this.dirty.set(offset, data.length, { buf: this.copyIn(data) });
     this.dirtyBytes += data.length;
+    this.afterMutation();
+    if (fua) await this.flush();
+  }
+
+  /**
+   * A write as the pieces the socket delivered it in (BlockBackend.writeChunks). A large
+   * one is kept as those pieces, not copied: they are the commit's segment parts later, and
+   * a local store writes them as they are, so a sequential write is copied by the kernel
+   * alone. Each piece pins the socket buffer it lies in, so only a write of at least
+   * KEEP_PIECES_MIN (where the pieces are most of the buffers they pin) keeps them; a smaller
+   * one is copied into the arena like write's. Pack merges the adjacent extents again.
+   */
+  async writeChunks(offset: number, chunks: readonly Buffer[], fua: boolean): Promise<void> {
+    this.checkWritable();
+    let length = 0;
+    for (const c of chunks) length += c.length;
+    const keep = length >= KEEP_PIECES_MIN;
+    // Pieces that are copied must be copied before this call returns (the caller's buffers).
+    const pieces = keep ? chunks.slice() : chunks.map((c) => this.copyIn(c));
+    await this.admit();
+    let pos = offset;
+    for (const c of pieces) {
+      this.dirty.set(pos, c.length, { buf: c });
+      pos += c.length;
+    }
+    this.dirtyBytes += length;
     this.afterMutation();
     if (fua) await this.flush();
   }
@@ -883,9 +923,16 @@ export class Volume implements BlockBackend {
       let done = 0;
       while (done < e.length) {
         const n = Math.min(e.length - done, this.segmentBytes - partBytes);
-        const x: RecordExtent = [e.offset + done, n, SRC_INLINE, partBytes];
-        extents.push(x);
-        tailExtents.push(x);
+        // Adjacent in the volume and in the same part of the record: one extent (a write
+        // kept as its socket pieces, or sequential writes, make many such neighbours).
+        const prev = tailExtents[tailExtents.length - 1];
+        if (prev && prev === extents[extents.length - 1] && prev[0] + prev[1] === e.offset + done && prev[3] + prev[1] === partBytes) {
+          prev[1] += n;
+        } else {
+          const x: RecordExtent = [e.offset + done, n, SRC_INLINE, partBytes];
+          extents.push(x);
+          tailExtents.push(x);
+        }
         parts.push(v.buf.subarray(done, done + n));
         partBytes += n;
         done += n;
@@ -904,8 +951,14 @@ export class Volume implements BlockBackend {
   /** Upload the attempt's segments in parallel, each assembled just before its upload (a big commit would otherwise hold the event loop for the whole copy). */
   private async upload(a: CommitAttempt): Promise<void> {
     assert(a.state === 'packed');
+    const local = this.local;
     await mapLimit(a.segments, this.uploadConcurrency, async (s) => {
       await this.world.yield();
+      if (local) {
+        // Written from its pieces; nothing goes to the block cache (see `local`).
+        await local.putParts(s.key, s.parts);
+        return;
+      }
       s.body = Buffer.concat(s.parts, s.size);
       await this.store.put(s.key, s.body);
     });
@@ -960,8 +1013,10 @@ export class Volume implements BlockBackend {
     }
     this.ambiguous = null;
     this.landRecord(key, a.header, a.dataStart, a.body.length);
-    this.blockCache.insertObject(key, a.body);
-    for (const s of a.segments) if (s.body) this.blockCache.insertObject(s.key, s.body);
+    if (!this.local) {
+      this.blockCache.insertObject(key, a.body);
+      for (const s of a.segments) if (s.body) this.blockCache.insertObject(s.key, s.body);
+    }
     this.sealed.shift();
     this.commits++;
     this.lastFlushAt = a.header.time;
