@@ -38,7 +38,7 @@ import { openStore } from '../src/store/open.js';
 import { StoreCatalog } from '../src/volume/catalog.js';
 import {
   BATON_BIN, MiB, REPO_ROOT, envNumber, envSize, fmt, fmtRatio, has, machineInfo, makeRandomFile, makeTempDir, markdownTable, median, nbdReadOnce,
-  ratio, runCommand, runFio, runNbdcopy, shellQuote, startBaton, startRgwBucket, writeResults, type FioResult, type RgwServer,
+  limitGoal, ratio, runCommand, runFio, runNbdcopy, shellQuote, startBaton, startRgwBucket, writeResults, type FioResult, type GoalRow, type RgwServer,
 } from './lib.js';
 
 const STEPS = new Set((process.env.STEPS || 'fork,latency').split(',').map((s) => s.trim()).filter(Boolean));
@@ -253,6 +253,17 @@ async function latencyStep(dir: string): Promise<LatencyResult> {
 
 // ------------------------------------------------------------------ report
 
+/** The issue's goal per store setting: a fork in under 50 ms, the worst size's median. */
+function forkGoals(rows: ForkRow[] | undefined): GoalRow[] {
+  const out: GoalRow[] = [];
+  for (const label of [...new Set((rows ?? []).map((x) => x.store))]) {
+    const mine = rows!.filter((x) => x.store === label);
+    const worst = Math.max(...mine.map((x) => median(x.inProcess.map((s) => s.ms))));
+    out.push(limitGoal(`fork, ${label} (median of ${REPEAT}, worst of ${mine.map((x) => formatSize(x.size)).join(', ')})`, worst, 'ms', '≤', 50, `${mine[0]!.inProcess[0]!.requests} store requests in sequence`));
+  }
+  return out;
+}
+
 function render(r: { machine: ReturnType<typeof machineInfo>; durationS: number; loadavgAtEnd: number[]; fork?: ForkRow[] | undefined; latency?: LatencyResult | undefined; errors: { step: string; error: string }[]; rgw: string | null }): string {
   const m = r.machine;
   const L: string[] = [];
@@ -388,7 +399,7 @@ const report = {
   knobs: { STEPS: [...STEPS], FORK_SIZES, WRITTEN, REPEAT, LATENCY_MS, RGW, DEPTH, RLAT_SIZE, RLAT_DATA, RUNTIME, PASSES },
   rgw: rgwVersion, fork: forkRows, latency, errors, commands,
 };
-const out = writeResults('fork', render(report), report);
+const out = writeResults('fork', render(report), { ...report, goals: forkGoals(forkRows) });
 log(`fork bench: ${out.md}, ${out.json} (${report.durationS.toFixed(0)} s)`);
 if (errors.length) process.exitCode = 1;
 

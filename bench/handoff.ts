@@ -22,7 +22,9 @@
  * against the writer's model: every acknowledged FLUSH survived 20 handoffs and 20 crashes.
  *
  * Knobs (environment): RUNS (20), LEASE_TTL (seconds, 5: the documented default of
- * --lease-ttl), FLUSHES (acknowledged flushes per phase before the handoff or kill, 5).
+ * --lease-ttl), FLUSHES (acknowledged flushes per phase before the handoff or kill, 5),
+ * STORE (`rgw`: a throwaway radosgw from scripts/rgw.sh, the default when radosgw is
+ * installed and we are root; `file`: a file: store in the temp dir).
  * Results: bench/results/handoff.md and handoff.json.
  */
 
@@ -31,7 +33,8 @@ import { performance } from 'node:perf_hooks';
 import { openRedisLeaseManager } from '../src/lease/redis.js';
 import { BLOCK, BlockModel, describeProblems, rngFrom, runWriter, verifyVolume, type WriterStats } from '../test/helpers/writer.js';
 import {
-  envNumber, fmt, has, machineInfo, makeTempDir, markdownTable, median, runCommand, spawnTracked, startBaton, writeResults, type Server,
+  envNumber, fmt, goalsTable, has, limitGoal, machineInfo, makeTempDir, markdownTable, median, runCommand, spawnTracked, startBaton, startRgwBucket,
+  writeResults, type GoalRow, type RgwServer, type Server,
 } from './lib.js';
 
 const RUNS = Math.max(1, Math.floor(envNumber('RUNS', 20)));
@@ -51,7 +54,23 @@ if (!has('redis-server')) {
 }
 
 const root = makeTempDir('baton-bench-handoff-');
-const store = `file:${path.join(root, 'store')}`;
+const STORE = process.env.STORE || (has('radosgw') && process.getuid?.() === 0 ? 'rgw' : 'file');
+let rgw: RgwServer | null = null;
+let rgwVersion = '';
+let store = `file:${path.join(root, 'store')}`;
+let storeArgs: string[] = [];
+let storeEnv: NodeJS.ProcessEnv = {};
+if (STORE === 'rgw') {
+  const r = await startRgwBucket(path.join(root, 'rgw'), 'handoff');
+  rgw = r.rgw;
+  rgwVersion = r.version;
+  store = 's3://handoff/bench';
+  storeArgs = ['--endpoint', rgw.endpoint];
+  storeEnv = rgw.env;
+  log(`bench/handoff: radosgw at ${rgw.endpoint}`);
+} else if (STORE !== 'file') {
+  throw new Error(`STORE must be rgw or file, not ${STORE}`);
+}
 
 // ------------------------------------------------------------------ redis
 
@@ -77,7 +96,7 @@ const hostArgs = (id: string): string[] => [
 ];
 async function startHost(id: string, create = false): Promise<Server> {
   const dir = makeTempDir(`baton-bench-handoff-host-`);
-  return startBaton({ dir, volume: VOL, size: SIZE, store, create, extraArgs: hostArgs(id), logLevel: 'info' });
+  return startBaton({ dir, volume: VOL, size: SIZE, store, create, extraArgs: [...hostArgs(id), ...storeArgs], env: storeEnv, logLevel: 'info' });
 }
 
 const hosts: Server[] = [await startHost('h0', true), await startHost('h1')];
@@ -212,11 +231,19 @@ const rows = [
   ['crash takeover: SIGKILL → new holder serving (GO answered)', fmt(median(serving)), fmt(best(serving)), fmt(worst(serving)), `≤ TTL (${TTL_S * 1000}) + recovery`],
   ['crash takeover: SIGKILL → first acknowledged command', fmt(median(firstAck)), fmt(best(firstAck)), fmt(worst(firstAck)), ''],
 ];
+const where = STORE === 'rgw' ? `radosgw (${rgwVersion})` : 'a `file:` store';
+const goals: GoalRow[] = [
+  limitGoal(`handoff on ${STORE === 'rgw' ? 'radosgw' : 'file:'}: graceful stall, worst of ${RUNS}`, worst(stall), 'ms', '≤', 300, `median ${fmt(median(stall))} ms`),
+  limitGoal(`handoff on ${STORE === 'rgw' ? 'radosgw' : 'file:'}: crash takeover (SIGKILL → serving), worst of ${RUNS}`, worst(serving), 'ms', '≤', TTL_S * 1000 + 500, `median ${fmt(median(serving))} ms; TTL ${TTL_S * 1000} ms`),
+];
 const md = [
   '# Handoff and takeover times',
   '',
+  '## Goals (issue 11), this run',
+  '',
+  goalsTable(goals),
   `${machine.date}, ${machine.nproc} cores (${machine.cpuModel}), load average ${machine.loadavgAtStart.join(' ')} at the start, node ${machine.node}, baton ${machine.batonCommit ?? '?'} (+ working tree).`,
-  `Two \`baton serve\` hosts on one \`file:\` store in a temp dir, lease in redis-server on a Unix socket, \`--lease-ttl ${TTL_S}\`, \`--on-held wait\`, ${RUNS} runs each; a checksummed writer (FLUSH every 4 writes, 4 in flight), handoff or kill after ${FLUSHES} acknowledged flushes per phase.`,
+  `Two \`baton serve\` hosts on ${where}, lease in redis-server on a Unix socket, \`--lease-ttl ${TTL_S}\`, \`--on-held wait\`, ${RUNS} runs each; a checksummed writer (FLUSH every 4 writes, 4 in flight), handoff or kill after ${FLUSHES} acknowledged flushes per phase.`,
   '',
   markdownTable(['ms', 'median', 'best', 'worst', 'target'], rows, ['l', 'r', 'r', 'r', 'l']),
   `Read back after all ${2 * RUNS} moves through a third host: ${v.problemCount === 0 ? `all ${v.blocks} blocks as the writer's model allows (every acknowledged FLUSH survived)` : describeProblems(v)}.`,
@@ -230,8 +257,9 @@ const md = [
       return [String(g.run), `${g.from} → ${g.to}`, fmt(g.stallMs), fmt(g.releaseMs), c ? `${c.killed} killed → ${c.to}` : '', fmt(c?.servingMs), fmt(c?.firstAckMs)];
     }), ['r', 'l', 'r', 'r', 'l', 'r', 'r']),
 ].join('\n');
-const out = writeResults('handoff', md, { machine, ttlSeconds: TTL_S, runs: RUNS, flushesPerPhase: FLUSHES, graceful, crashes, verify: { blocks: v.blocks, problems: v.problemCount, atAcked: v.atAcked, newer: v.newer } });
+const out = writeResults('handoff', md, { machine, store: STORE, goals, ttlSeconds: TTL_S, runs: RUNS, flushesPerPhase: FLUSHES, graceful, crashes, verify: { blocks: v.blocks, problems: v.problemCount, atAcked: v.atAcked, newer: v.newer } });
 process.stdout.write(md + '\n');
 log(`bench/handoff: wrote ${out.md} and ${out.json}`);
 redis.kill('SIGTERM');
+await rgw?.stop();
 process.exit(v.problemCount === 0 ? 0 : 1);

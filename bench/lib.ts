@@ -1080,3 +1080,12 @@ export function goalsTable(rows: GoalRow[]): string {
   return markdownTable(['goal', 'baton', 'peer (same run)', 'result', 'target', ''],
     rows.map((g) => [g.goal, g.baton, g.peer, g.result, g.target, mark(g.pass)]), ['l', 'r', 'r', 'r', 'l', 'l']);
 }
+
+/** A time goal against a peer: baton's time ÷ the peer's at most `max` (a slowdown). */
+export function slowdownGoal(goal: string, batonSeconds: number | undefined, peerName: string, peerSeconds: number | undefined, max: number): GoalRow {
+  const r = ratio(batonSeconds, peerSeconds);
+  return {
+    goal, baton: `${fmt(batonSeconds)} s`, peer: `${peerName} ${fmt(peerSeconds)} s`,
+    result: `${fmtRatio(r)} the time`, target: `≤ ${max}×`, pass: Number.isFinite(r) ? r <= max : null,
+  };
+}

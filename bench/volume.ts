@@ -31,13 +31,14 @@ import { CreateBucketCommand, ListObjectsV2Command, PutBucketAclCommand, S3Clien
 import { formatSize } from '../src/size.js';
 import { openStore } from '../src/store/open.js';
 import {
-  MiB, RESULTS_DIR, attachExt4, diffCounters, envNumber, envSize, fmt, fmtRatio, has, machineInfo, makeRandomFile, makeTempDir,
+  MiB, RESULTS_DIR, attachExt4, diffCounters, envNumber, envSize, fmt, fmtRatio, goalsTable, has, limitGoal, machineInfo, makeRandomFile, makeTempDir,
+  ratioGoal, slowdownGoal, type GoalRow,
   markdownTable, nbdReadOnce, startStallProbe, ratio, runCommand, runFio, runNbdcopy, shellQuote, startBaton, startNbdkit, startRgw,
   writeResults, type CommandResult, type Ext4Stack, type RgwCounters, type RgwRequest, type RgwServer, type Server,
 } from './lib.js';
 
 const GiB = 1024 * MiB;
-const STEPS = new Set((process.env.STEPS || 'flush,npm,cold,puts').split(',').map((s) => s.trim()).filter(Boolean));
+const STEPS = new Set((process.env.STEPS || 'flush,npm,cold,puts,stream').split(',').map((s) => s.trim()).filter(Boolean));
 const FLUSH_RUNTIME = envNumber('FLUSH_RUNTIME', 20);
 const LATENCY_MS = envNumber('LATENCY_MS', 20);
 const FS_SIZE = envSize('FS_SIZE', '4G');
@@ -749,6 +750,115 @@ async function putsStep(): Promise<PutsResult> {
   }
 }
 
+// ------------------------------------------------------------------ 5. streaming against the store's own bandwidth
+
+/** Concurrency of the store-bandwidth peers: baton's parallel segment uploads per commit (Volume uploadConcurrency). */
+const STREAM_CONCURRENCY = 16;
+const STREAM_OBJECT = 8 * MiB;
+
+interface StreamResult {
+  bytes: number;
+  concurrency: number;
+  /** 8 MiB create-only PUTs through openStore (baton's own store code), this concurrency. */
+  storePutMiBps: number;
+  /** 8 MiB ranged GETs of those objects, same store code and concurrency. */
+  storeGetMiBps: number;
+  /** The `puts` step's nbdcopy --flush into a volume (same radosgw, same run). */
+  volumeWriteMiBps: number | null;
+  /** nbdcopy URI null: of that volume from a new server with an empty cache. */
+  coldRead: { argv: string[]; seconds: number; mibPerSec: number; store: Window } | null;
+  error: string | null;
+}
+
+/**
+ * What the store itself takes and gives, through the same store code baton uses (openStore:
+ * the AWS SDK client, the settings check, retries), measured in this run right before baton
+ * reads the `puts` step's volume back cold: the peers of the S3 goals.
+ */
+async function streamStep(puts: PutsResult | undefined): Promise<StreamResult> {
+  const bytes = COPY_SIZE;
+  const n = Math.max(1, Math.round(bytes / STREAM_OBJECT));
+  const st = openStore(`s3://${BUCKET}/stream-peer`, {
+    endpoint: rgw.endpoint,
+    credentials: { accessKeyId: rgw.env.AWS_ACCESS_KEY_ID!, secretAccessKey: rgw.env.AWS_SECRET_ACCESS_KEY! },
+  });
+  const bodies = Array.from({ length: 4 }, () => randomBytes(STREAM_OBJECT));
+  const pool = async (fn: (i: number) => Promise<void>): Promise<number> => {
+    let next = 0;
+    const t = performance.now();
+    await Promise.all(Array.from({ length: STREAM_CONCURRENCY }, async () => { while (next < n) await fn(next++); }));
+    return since(t);
+  };
+  let putS: number;
+  let getS: number;
+  try {
+    await st.put('warm', bodies[0]!.subarray(0, 4096)); // connections and the settings check, not measured
+    putS = await pool((i) => st.put(`o${i}`, bodies[i % bodies.length]!, { ifNoneMatch: true }));
+    getS = await pool(async (i) => { await st.get(`o${i}`, { offset: 0, length: STREAM_OBJECT }); });
+  } finally {
+    await st.close();
+  }
+  const res: StreamResult = {
+    bytes, concurrency: STREAM_CONCURRENCY, storePutMiBps: (n * STREAM_OBJECT) / MiB / putS, storeGetMiBps: (n * STREAM_OBJECT) / MiB / getS,
+    volumeWriteMiBps: null, coldRead: null, error: null,
+  };
+  log(`  store itself (${n} × 8 MiB, ${STREAM_CONCURRENCY} at a time): create-only PUT ${fmt(res.storePutMiBps)} MiB/s, ranged GET ${fmt(res.storePutMiBps === 0 ? NaN : res.storeGetMiBps)} MiB/s`);
+  const copy = puts?.attempts.find((a) => !a.error);
+  if (!copy) { res.error = 'the puts step wrote no volume to read back'; return res; }
+  res.volumeWriteMiBps = copy.mibPerSec;
+  // A new host: new process, empty cache, the same volume the puts step wrote.
+  const prefix = copy.label === 'defaults' ? 'copy' : 'copy-ttl30';
+  const b = await startBatonRgw('stream', 'cold-read', prefix, 'copy', COPY_SIZE + 64 * MiB, { create: false });
+  try {
+    let argv: string[] = [];
+    let seconds = NaN;
+    const w = await storeWindow(rgw, async () => {
+      const r = await runNbdcopy(b.server.uri, 'null:', COPY_SIZE);
+      argv = r.argv;
+      seconds = r.seconds;
+      return null;
+    });
+    note('stream', argv);
+    // COPY_SIZE over the time of reading all of it plus the 64 MiB hole after it: slightly low, never high.
+    res.coldRead = { argv, seconds, mibPerSec: COPY_SIZE / MiB / seconds, store: w };
+    log(`  cold sequential read on a new host: ${seconds.toFixed(2)} s (${fmt(res.coldRead.mibPerSec)} MiB/s), ${w.counters.get} GETs, ${formatSize(w.counters.getBytes)}`);
+  } finally {
+    await b.server.stop();
+  }
+  return res;
+}
+
+// ------------------------------------------------------------------ goals (issue 11)
+
+function goalRows(r: Report): GoalRow[] {
+  const rows: GoalRow[] = [];
+  const st = r.stream;
+  if (st) {
+    rows.push(ratioGoal(`S3 (radosgw): sequential write into a volume (nbdcopy --flush ${formatSize(st.bytes)}) vs 8 MiB create-only PUTs, ${st.concurrency} at a time`,
+      st.volumeWriteMiBps ?? undefined, 'store PUT', st.storePutMiBps, 'MiB/s', 0.8));
+    rows.push(ratioGoal(`S3 (radosgw): cold sequential read on a new host vs 8 MiB ranged GETs, ${st.concurrency} at a time`,
+      st.coldRead?.mibPerSec, 'store GET', st.storeGetMiBps, 'MiB/s', 0.8));
+  }
+  const slow = r.flush?.find((f) => f.latencyMs > 0);
+  if (slow) {
+    rows.push(limitGoal(`FLUSH latency p50 with +${slow.latencyMs} ms per store request (radosgw)`, slow.syncMs.p50, 'ms', '≤', 22));
+    rows.push(limitGoal(`FLUSH latency p99 with +${slow.latencyMs} ms per store request (radosgw)`, slow.syncMs.p99, 'ms', '≤', 45));
+    rows.push(limitGoal('store PUTs on the commit path of a small flush', slow.commitPutsPerFlush, 'PUTs', '≤', 1));
+  }
+  const probe = r.puts?.attempts[0];
+  if (probe) {
+    rows.push(limitGoal(`no stalls: 4 KiB READ every 50 ms during nbdcopy --flush ${formatSize(r.puts!.bytes)} into radosgw, p99`, probe.stallMs.p99, 'ms', '≤', 20));
+    rows.push(limitGoal('no stalls: the same READs, max', probe.stallMs.max, 'ms', '≤', 100));
+  }
+  if (r.npm) {
+    const b = npmMeans(r.npm, 'baton');
+    const k = npmMeans(r.npm, 'nbdkit');
+    rows.push(slowdownGoal('`npm ci` + sync on ext4 over baton+radosgw vs nbdkit memory (same path)', b ? b.npmCiS + b.npmSyncS : undefined, 'nbdkit memory', k ? k.npmCiS + k.npmSyncS : undefined, 1.2));
+    rows.push(slowdownGoal('`git clone` + sync on ext4 over baton+radosgw vs nbdkit memory', b ? b.gitCloneS + b.gitSyncS : undefined, 'nbdkit memory', k ? k.gitCloneS + k.gitSyncS : undefined, 1.2));
+  }
+  return rows;
+}
+
 // ------------------------------------------------------------------ report
 
 const ok = (cond: boolean | null): string => (cond === null ? '?' : cond ? '✓' : '✗');
@@ -765,6 +875,8 @@ interface Report {
   npm?: FsRun[] | undefined;
   cold?: ColdResult | undefined;
   puts?: PutsResult | undefined;
+  stream?: StreamResult | undefined;
+  goals?: GoalRow[];
   errors: { step: string; error: string }[];
   commands: { step: string; argv: string[] }[];
   tools: Record<string, string | null>;
@@ -782,6 +894,13 @@ function render(r: Report): string {
   L.push('Store requests are counted by radosgw itself (`perf dump` counters over its admin socket; the access log for the');
   L.push('breakdown by key kind: `log` = commit records, `segment` = 8 MiB data segments, `checkpoint` = extent-map');
   L.push('snapshots, `volume record` = volumes/NAME, `LIST` = ListObjectsV2); objects created from listing the prefix before and after.\n');
+  if (r.goals?.length) {
+    L.push('## Goals (issue 11), this run\n');
+    L.push(goalsTable(r.goals));
+    if (r.stream) {
+      L.push(`The store's own bandwidth is measured through baton's store code (openStore: AWS SDK, settings check, retries): ${Math.round(r.stream.bytes / STREAM_OBJECT)} objects of 8 MiB, ${r.stream.concurrency} requests at a time (baton's parallel segment uploads per commit), create-only PUTs, then ranged GETs of them. The volume write is the \`puts\` step's copy; the cold read is \`nbdcopy URI null:\` of that volume from a new \`baton serve\` with an empty cache (its time includes the 64 MiB hole after the copied data).\n`);
+    }
+  }
 
   // ---- summary against the goals
   const sum: string[][] = [];
@@ -1034,12 +1153,14 @@ async function main(): Promise<void> {
     });
     report.cold = await step('cold', coldStep);
     report.puts = await step('puts', putsStep);
+    report.stream = await step('stream', () => streamStep(report.puts));
   } finally {
     s3.destroy();
     await rgw.stop();
   }
   report.loadavgAtEnd = os.loadavg().map((x) => Math.round(x * 100) / 100);
   report.durationS = since(t0);
+  report.goals = goalRows(report);
   const md = render(report);
   // The per-request lists are only needed for the breakdowns; the JSON keeps those, not every request
   keepLogs();
