@@ -333,3 +333,29 @@ test('writes parked over the hard limit resume once the store is back, without a
   const v2 = await open();
   same(t, await v2.read(39 * MiB, MiB), Buffer.alloc(MiB, 40));
 });
+
+test('the segments of one commit start uploading in separate turns of the event loop (none holds it for all of them)', async (t) => {
+  // Counts turns of the event loop: a setImmediate chain that runs while the commit does.
+  let turn = 0;
+  let ticking = true;
+  const tick = (): void => { turn++; if (ticking) setImmediate(tick); };
+  setImmediate(tick);
+  const startedIn: number[] = [];
+  const inner = new MemoryObjectStore();
+  const store: ObjectStore = {
+    description: 'turn-recording',
+    get: (k, r) => inner.get(k, r),
+    put: (k, b, o) => { if (k.includes('/seg/')) startedIn.push(turn); return inner.put(k, b, o); },
+    head: (k) => inner.head(k),
+    list: (p, o) => inner.list(p, o),
+    delete: (k) => inner.delete(k),
+    close: () => inner.close(),
+  };
+  const { open } = await setup(store, 256 * MiB, { segmentBytes: MiB, uploadConcurrency: 16 });
+  const v = await open();
+  await v.write(0, pattern(11, 12 * MiB), false);
+  await v.flush();
+  ticking = false;
+  t.is(startedIn.length, 12, 'twelve 1 MiB segments');
+  t.is(new Set(startedIn).size, startedIn.length, `each segment put started in a turn of its own (turns ${startedIn.join(',')})`);
+});
