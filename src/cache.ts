@@ -25,8 +25,6 @@ import type { ObjectStore } from './store/object-store.js';
 export const CACHE_BLOCK = 256 * 1024;
 /** Largest single ranged GET (coalesced misses + readahead). */
 const MAX_FETCH = 8 * 1024 * 1024;
-/** Readahead for a reader the cache itself finds sequential (followsSequentialRead). */
-const SEQUENTIAL_READAHEAD = 4 * 1024 * 1024;
 
 /** Where cached blocks live: one slot of CACHE_BLOCK bytes per block. */
 export interface Slab {
@@ -276,9 +274,8 @@ export class BlockCache {
         let runEnd = b;
         while (runEnd + 1 <= last && !this.index.has(BlockCache.id(key, runEnd + 1)) && !this.inflight.has(BlockCache.id(key, runEnd + 1))) runEnd++;
         const lastBlock = Math.floor((objectSize - 1) / CACHE_BLOCK);
-        const ahead = readahead > 0 ? readahead : this.followsSequentialRead(key, b) ? SEQUENTIAL_READAHEAD : 0;
-        if (runEnd === last && ahead > 0) {
-          const extra = Math.ceil(ahead / CACHE_BLOCK);
+        if (runEnd === last && readahead > 0) {
+          const extra = Math.ceil(readahead / CACHE_BLOCK);
           while (runEnd < lastBlock && runEnd - b + 1 < MAX_FETCH / CACHE_BLOCK && runEnd < last + extra
             && !this.index.has(BlockCache.id(key, runEnd + 1)) && !this.inflight.has(BlockCache.id(key, runEnd + 1))) runEnd++;
         }
@@ -318,18 +315,6 @@ export class BlockCache {
     } finally {
       for (const e of entries) if (e) this.unpin(e);
     }
-  }
-
-  /**
-   * A miss right after two blocks of the same object that are cached or being fetched is a
-   * sequential reader of that object, however its requests interleave: nbdcopy keeps 64
-   * reads in flight per connection over several connections, so the caller, which sees them
-   * one by one, rarely finds two in a row (a cold sequential read made one 256 KiB GET per
-   * request). Two neighbours, not one, so that scattered small reads seldom look sequential.
-   */
-  private followsSequentialRead(key: string, block: number): boolean {
-    const near = (b: number): boolean => b >= 0 && (this.index.has(BlockCache.id(key, b)) || this.inflight.has(BlockCache.id(key, b)));
-    return near(block - 1) && near(block - 2);
   }
 
   private fetchRun(store: ObjectStore, key: string, objectSize: number, firstBlock: number, lastBlock: number): Promise<Fetched> {

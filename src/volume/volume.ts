@@ -149,6 +149,8 @@ function deferred(): Deferred {
 }
 
 const ARENA_CHUNK = 1024 * 1024;
+/** How many recent read ends the sequential-reader detection keeps (Volume.readEnds). */
+const READ_ENDS_KEPT = 256;
 /** writeChunks keeps the received pieces of a write at least this long (see there). */
 const KEEP_PIECES_MIN = 128 * 1024;
 
@@ -191,8 +193,15 @@ export class Volume implements BlockBackend {
   private fencedError: FencedError | null = null;
   private closed = false;
   private readonly writeWaiters: (() => void)[] = [];
-  private lastReadEnd = -1;
-  private sequentialStreak = 0;
+  /**
+   * Where recent reads ended, and how long a sequential run each ended: a read starting at
+   * one of them continues a sequential reader, however its requests interleave with others
+   * (nbdcopy keeps 64 reads in flight per connection over several connections, so "the
+   * previous read" was rarely the one this continues, and a cold sequential read made one
+   * GET per request). Recorded when a read starts, not when it ends, for the same reason.
+   * Bounded: the oldest entry goes first.
+   */
+  private readonly readEnds = new Map<number, number>();
   private commits = 0;
   private lastFlushAt: string | null = null;
 
@@ -609,6 +618,7 @@ export class Volume implements BlockBackend {
     this.checkReadable();
     if (this.followsLog) await this.refreshIfStale();
     const out = into ?? Buffer.allocUnsafe(length);
+    const streak = this.sequentialStreak(offset, length);
     const fetches: { key: string; size: number; off: number; len: number; outOff: number }[] = [];
     this.resolve(offset, length, (p) => {
       const v = p.value;
@@ -623,17 +633,24 @@ export class Volume implements BlockBackend {
       for (const r of results) if (r.status === 'rejected') throw r.reason;
     } else if (fetches.length > 0) {
       // Sequential readers get a growing readahead window.
-      if (offset === this.lastReadEnd) this.sequentialStreak = Math.min(this.sequentialStreak + 1, 6);
-      else this.sequentialStreak = 0;
-      const readahead = this.sequentialStreak > 0 ? (128 * 1024) << this.sequentialStreak : 0;
+      const readahead = streak > 0 ? (128 * 1024) << streak : 0;
       // Settle every fetch before answering, also when one fails: each writes into `out`,
       // and the caller may hand `out` to another request (a pooled buffer) once this
       // settles. Nothing may write into it after that.
       const results = await Promise.allSettled(fetches.map((f) => this.blockCache.read(this.store, f.key, f.size, f.off, f.len, out, f.outOff, readahead)));
       for (const r of results) if (r.status === 'rejected') throw r.reason;
     }
-    this.lastReadEnd = offset + length;
     return out;
+  }
+
+  /** 0 for a read that continues none of the recent ones, else 1 + the run it continues (at most 6). */
+  private sequentialStreak(offset: number, length: number): number {
+    const before = this.readEnds.get(offset);
+    const streak = before === undefined ? 0 : Math.min(before + 1, 6);
+    if (before !== undefined) this.readEnds.delete(offset);
+    this.readEnds.set(offset + length, streak);
+    if (this.readEnds.size > READ_ENDS_KEPT) this.readEnds.delete(this.readEnds.keys().next().value!);
+    return streak;
   }
 
   async blockStatus(offset: number, length: number, maxExtents: number): Promise<Extent[]> {

@@ -67,30 +67,3 @@ test('readahead extends a sequential miss, never past the object end', async (t)
   t.is(store.stats().get.requests, 1, 'the rest came from the cache');
   t.true(rest.equals(obj.subarray(4096)));
 });
-
-test('a sequential reader whose requests interleave (nbdcopy: many in flight, no readahead hint) is read ahead', async (t) => {
-  const store = new InstrumentedObjectStore(new MemoryObjectStore());
-  const obj = bytes(4, 32 * 1024 * 1024);
-  await store.put('seg', obj);
-  const cache = await BlockCache.open({ capacityBytes: 64 * 1024 * 1024 });
-  store.reset();
-  // 256 KiB reads in order, 16 in flight, none with a readahead hint (the caller saw no streak).
-  const reads: Promise<void>[] = [];
-  const outs: Buffer[] = [];
-  for (let b = 0; b * CACHE_BLOCK < obj.length; b++) {
-    const out = Buffer.alloc(CACHE_BLOCK);
-    outs.push(out);
-    reads.push(cache.read(store, 'seg', obj.length, b * CACHE_BLOCK, CACHE_BLOCK, out, 0));
-    if (reads.length >= 16) await reads.shift();
-  }
-  await Promise.all(reads);
-  t.true(Buffer.concat(outs).equals(obj));
-  const gets = store.stats().get.requests;
-  t.true(gets <= 16, `32 MiB in ${gets} GETs (one per 256 KiB request would be 128)`);
-  // Scattered small reads do not look sequential: each costs only its own block.
-  const other = bytes(5, 32 * 1024 * 1024);
-  await store.put('rnd', other);
-  store.reset();
-  for (const blk of [3, 40, 17, 90, 61, 5, 77]) await cache.read(store, 'rnd', other.length, blk * CACHE_BLOCK + 100, 4096, Buffer.alloc(4096), 0);
-  t.is(store.stats().get.bytes, 7 * CACHE_BLOCK, 'no readahead for scattered reads');
-});

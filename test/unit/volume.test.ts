@@ -359,3 +359,25 @@ test('the segments of one commit start uploading in separate turns of the event 
   t.is(startedIn.length, 12, 'twelve 1 MiB segments');
   t.is(new Set(startedIn).size, startedIn.length, `each segment put started in a turn of its own (turns ${startedIn.join(',')})`);
 });
+
+test('a cold sequential reader with many reads in flight is read ahead (one GET per request before)', async (t) => {
+  const inst = new InstrumentedObjectStore(new MemoryObjectStore());
+  const { open } = await setup(inst, 256 * MiB);
+  const data = pattern(12, 32 * MiB);
+  const w = await open();
+  await w.write(0, data, false);
+  await w.flush();
+  const v = await open(); // a new open: its own, empty block cache
+  inst.reset();
+  const chunk = 256 * 1024;
+  const inflight: Promise<void>[] = [];
+  const got = Buffer.alloc(data.length);
+  for (let off = 0; off < data.length; off += chunk) {
+    inflight.push(v.read(off, chunk).then((b) => { b.copy(got, off); }));
+    if (inflight.length >= 16) await inflight.shift();
+  }
+  await Promise.all(inflight);
+  t.true(got.equals(data));
+  const gets = inst.stats().get.requests;
+  t.true(gets <= 40, `32 MiB in ${gets} GETs with 16 reads of 256 KiB in flight (128 would be one per read)`);
+});
