@@ -35,7 +35,7 @@
  * - delete removes emptied directories; a put racing with that rmdir sees ENOENT and retries.
  */
 import { randomBytes } from 'node:crypto';
-import { constants as fsc, readSync, type Dirent } from 'node:fs';
+import { constants as fsc, readFileSync, readSync, type Dirent } from 'node:fs';
 import { link, mkdir, open, readdir, rename, rmdir, stat, unlink, type FileHandle } from 'node:fs/promises';
 import { dirname, join, resolve } from 'node:path';
 import {
@@ -166,7 +166,18 @@ async function writeFully(fh: FileHandle, bufs: readonly Buffer[]): Promise<void
  * so files are closed when idle for IDLE_FD_MS (one timer, unref'd, while any is open) and
  * at most MAX_OPEN_FILES stay open.
  */
-const MAX_OPEN_FILES = 128;
+/**
+ * How many object files may stay open: a quarter of this process's open-file limit (the
+ * rest is for sockets, the cache file, the lease), between 64 and 4096. Too few costs a lot:
+ * random reads over a 1 GiB volume (about 140 objects) with 128 kept files reopened a file
+ * on most reads and ran at a third of the speed.
+ */
+export function keptFilesBudget(procLimits: string | null): number {
+  const m = procLimits === null ? null : /^Max open files\s+(\d+|unlimited)/m.exec(procLimits);
+  const soft = m === null ? 1024 : m[1] === 'unlimited' ? Infinity : Number(m[1]);
+  return Math.max(64, Math.min(4096, Math.floor(soft / 4)));
+}
+const MAX_OPEN_FILES = keptFilesBudget((() => { try { return readFileSync('/proc/self/limits', 'utf8'); } catch { return null; } })());
 const IDLE_FD_MS = 5_000;
 
 interface OpenFile { fh: Promise<{ fh: FileHandle; size: number }>; readers: number; lastUsed: number; forgotten: boolean }
@@ -195,7 +206,11 @@ export class LocalDirObjectStore implements ObjectStore {
   /** Root made durable, `.tmp/` made and swept; once per process (reset if it failed). */
   #tmpReady: Promise<void> | null = null;
 
-  constructor(dir: string) {
+  readonly #maxOpenFiles: number;
+
+  /** `maxOpenFiles`: object files kept open for LocalObjects.read (default: keptFilesBudget). */
+  constructor(dir: string, options: { maxOpenFiles?: number } = {}) {
+    this.#maxOpenFiles = options.maxOpenFiles ?? MAX_OPEN_FILES;
     this.root = resolve(dir);
     this.description = `file:${this.root}`;
     this.#tmpDir = join(this.root, TMP_DIR);
@@ -458,7 +473,7 @@ export class LocalDirObjectStore implements ObjectStore {
     const now = Date.now();
     for (const [key, f] of this.#open) {
       if (f.readers > 0) continue;
-      if (this.#open.size > MAX_OPEN_FILES || now - f.lastUsed >= IDLE_FD_MS) this.#forgetFile(key);
+      if (this.#open.size > this.#maxOpenFiles || now - f.lastUsed >= IDLE_FD_MS) this.#forgetFile(key);
     }
     if (this.#open.size > 0 && !this.#sweepTimer) {
       this.#sweepTimer = setTimeout(() => this.#sweep(true), IDLE_FD_MS);

@@ -12,7 +12,7 @@ import { BlockCache } from '../../src/cache.js';
 import { NotFoundError, OutOfRangeError } from '../../src/errors.js';
 import { silentLogger } from '../../src/log.js';
 import { FaultyObjectStore, seededRandom } from '../../src/store/decorators.js';
-import { LocalDirObjectStore } from '../../src/store/local-dir.js';
+import { LocalDirObjectStore, keptFilesBudget } from '../../src/store/local-dir.js';
 import { SettingsCheckedObjectStore } from '../../src/store/probe.js';
 import type { ObjectStore } from '../../src/store/object-store.js';
 import { StoreCatalog } from '../../src/volume/catalog.js';
@@ -21,9 +21,9 @@ import type { Volume } from '../../src/volume/volume.js';
 
 const MiB = 1024 * 1024;
 
-async function tempStore(t: ExecutionContext): Promise<LocalDirObjectStore> {
+async function tempStore(t: ExecutionContext, options: { maxOpenFiles?: number } = {}): Promise<LocalDirObjectStore> {
   const dir = await mkdtemp(join(tmpdir(), 'baton-local-'));
-  const store = new LocalDirObjectStore(dir);
+  const store = new LocalDirObjectStore(dir, options);
   t.teardown(async () => { await store.close(); await rm(dir, { recursive: true, force: true }); });
   return store;
 }
@@ -84,7 +84,7 @@ test('a put or delete through the store forgets the kept file: a replaced object
 });
 
 test('kept files are bounded and closed by close()', async (t) => {
-  const store = await tempStore(t);
+  const store = await tempStore(t, { maxOpenFiles: 128 });
   for (let i = 0; i < 200; i++) await store.put(`o/${i}`, Buffer.from([i]));
   const out = Buffer.alloc(1);
   for (let i = 0; i < 200; i++) await store.local.read(`o/${i}`, 0, 1, out, 0);
@@ -147,4 +147,13 @@ test('a large write kept as its received pieces lands byte-exact, merged into on
   const last = logs[logs.length - 1]!;
   const { header } = decodeLogHeader(await store.get(last.key), last.key);
   t.is(header.extents.length, 1, `4 MiB written in 96 uneven pieces is one extent in the record (${header.extents.length})`);
+});
+
+test('the kept-files budget is a quarter of the open-file limit, within 64..4096', (t) => {
+  const limits = (soft: string): string => `Limit                     Soft Limit           Hard Limit           Units\nMax open files            ${soft}                 524288               files\n`;
+  t.is(keptFilesBudget(limits('1024')), 256, 'the common default soft limit');
+  t.is(keptFilesBudget(limits('20000')), 4096);
+  t.is(keptFilesBudget(limits('100')), 64);
+  t.is(keptFilesBudget(limits('unlimited')), 4096);
+  t.is(keptFilesBudget(null), 256, 'no /proc: assume 1024');
 });
