@@ -757,7 +757,7 @@ export class Volume implements BlockBackend {
     let length = 0;
     for (const c of chunks) length += c.length;
     const keep = length >= KEEP_PIECES_MIN;
-    // Pieces that are copied must be copied before this call returns (the caller's buffers).
+    // A small write is copied now, before admit() may wait: its pieces would pin whole socket buffers.
     const pieces = keep ? chunks.slice() : chunks.map((c) => this.copyIn(c));
     await this.admit();
     let pos = offset;
