@@ -802,7 +802,7 @@ async function streamStep(puts: PutsResult | undefined): Promise<StreamResult> {
     bytes, concurrency: STREAM_CONCURRENCY, storePutMiBps: (n * STREAM_OBJECT) / MiB / putS, storeGetMiBps: (n * STREAM_OBJECT) / MiB / getS,
     volumeWriteMiBps: null, coldRead: null, error: null,
   };
-  log(`  store itself (${n} × 8 MiB, ${STREAM_CONCURRENCY} at a time): create-only PUT ${fmt(res.storePutMiBps)} MiB/s, ranged GET ${fmt(res.storePutMiBps === 0 ? NaN : res.storeGetMiBps)} MiB/s`);
+  log(`  store itself (${n} × 8 MiB, ${STREAM_CONCURRENCY} at a time): create-only PUT ${fmt(res.storePutMiBps)} MiB/s, ranged GET ${fmt(res.storeGetMiBps)} MiB/s`);
   const copy = puts?.attempts.find((a) => !a.error);
   if (!copy) { res.error = 'the puts step wrote no volume to read back'; return res; }
   res.volumeWriteMiBps = copy.mibPerSec;

@@ -337,20 +337,16 @@ export class LocalDirObjectStore implements ObjectStore {
   async get(key: string, range?: ByteRange): Promise<Buffer> {
     const { file } = this.#paths(key);
     if (range !== undefined) validateRange(range);
-    let fh: FileHandle;
+    let opened: { fh: FileHandle; size: number };
     try {
-      fh = await open(file, 'r');
+      opened = await this.#openForRead(key, file);
     } catch (err) {
-      const code = errnoOf(err);
-      if (code === 'ENOENT' || code === 'ENOTDIR') throw new NotFoundError(`get ${key}: no such object in ${this.description}`);
       throw this.#ioError('get', key, err);
     }
+    const { fh, size } = opened;
     try {
-      const st = await fh.stat();
-      const size = st.size - LOCAL_HEADER_SIZE;
-      if (size < 0) throw new CorruptError(`get ${key}: object file ${file} is shorter than its header`);
       if (range === undefined) {
-        const buf = Buffer.allocUnsafe(st.size);
+        const buf = Buffer.allocUnsafe(LOCAL_HEADER_SIZE + size);
         await readFully(fh, buf, 0, `get ${key}`);
         decodeHeader(buf, `get ${key}`);
         return buf.subarray(LOCAL_HEADER_SIZE);
@@ -435,6 +431,7 @@ export class LocalDirObjectStore implements ObjectStore {
     }
   }
 
+  /** Open an object's file and learn its size (NotFoundError if absent; closed again on any failure). */
   async #openForRead(key: string, file: string): Promise<{ fh: FileHandle; size: number }> {
     let fh: FileHandle;
     try {

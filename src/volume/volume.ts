@@ -626,18 +626,18 @@ export class Volume implements BlockBackend {
       else if ('buf' in v) v.buf.copy(out, p.offset - offset, 0, p.length);
       else fetches.push({ key: v.key, size: v.size, off: v.off, len: p.length, outOff: p.offset - offset });
     });
-    if (fetches.length > 0 && this.local) {
-      // Settled before answering, failed or not: see below.
+    if (fetches.length > 0) {
+      // A local store's objects are read where they lie; others through the block cache,
+      // sequential readers with a growing readahead window.
       const local = this.local;
-      const results = await Promise.allSettled(fetches.map((f) => local.read(f.key, f.off, f.len, out, f.outOff)));
-      for (const r of results) if (r.status === 'rejected') throw r.reason;
-    } else if (fetches.length > 0) {
-      // Sequential readers get a growing readahead window.
       const readahead = streak > 0 ? (128 * 1024) << streak : 0;
+      const fetch = local
+        ? (f: typeof fetches[number]) => local.read(f.key, f.off, f.len, out, f.outOff)
+        : (f: typeof fetches[number]) => this.blockCache.read(this.store, f.key, f.size, f.off, f.len, out, f.outOff, readahead);
       // Settle every fetch before answering, also when one fails: each writes into `out`,
       // and the caller may hand `out` to another request (a pooled buffer) once this
       // settles. Nothing may write into it after that.
-      const results = await Promise.allSettled(fetches.map((f) => this.blockCache.read(this.store, f.key, f.size, f.off, f.len, out, f.outOff, readahead)));
+      const results = await Promise.allSettled(fetches.map(fetch));
       for (const r of results) if (r.status === 'rejected') throw r.reason;
     }
     return out;
