@@ -26,7 +26,7 @@ import { fileURLToPath } from 'node:url';
 import { parseSize } from '../src/size.js';
 
 export const REPO_ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', '..');
-export const BATON_BIN = path.join(REPO_ROOT, 'dist', 'cli', 'baton.js');
+export const BATON_BIN = path.join(REPO_ROOT, 'dist', 'cli', 'bin.cjs');
 export const RESULTS_DIR = path.join(REPO_ROOT, 'bench', 'results');
 
 export const MiB = 1024 * 1024;
@@ -333,7 +333,7 @@ export interface BatonOptions {
 }
 
 /**
- * `node dist/cli/baton.js serve --socket DIR/baton.sock --store STORE --create NAME --size SIZE`.
+ * `node dist/cli/bin.cjs serve --socket DIR/baton.sock --store STORE --create NAME --size SIZE`.
  * Everything baton keeps on disk stays in DIR: BATON_HOME=DIR/home, BATON_CACHE_DIR=DIR/cache,
  * and a store URL without a path (`file:`, `raw:`) becomes DIR/store.
  */

@@ -381,7 +381,7 @@ function render(m: ReturnType<typeof machineInfo>, targets: Target[], runs: RunR
     return t.replace(/\$TMP\/fio-[^ ]+\.json/g, '$TMP/fio.json')
       .replace(/'([^']*)'/g, '"$1"')
       .split(process.execPath).join('node')
-      .replace(/[^ ]*\/dist\/cli\/baton\.js/, 'dist/cli/baton.js');
+      .replace(/[^ ]*\/dist\/cli\/bin\.cjs/, 'dist/cli/bin.cjs');
   };
   L.push('## Commands\n');
   L.push(`$SRC = ${formatSize(SIZE)} of random bytes (${rnd.onTmpfs ? '/dev/shm' : m.tmpdir}), $TMP = a private temp dir (Unix sockets; for baton also BATON_HOME=$TMP/home and BATON_CACHE_DIR=$TMP/cache), $LOCAL = $TMP/local.img on ${m.tmpdir}.`);

@@ -1056,7 +1056,7 @@ function render(r: Report): string {
   // ---- commands
   const redact = (argv: string[]): string => {
     let t = shellQuote(argv).split(work).join('$TMP').split(process.execPath).join('node');
-    t = t.replace(/[^ ]*\/dist\/cli\/baton\.js/, 'dist/cli/baton.js').replace(/\$TMP\/fio-[^ ]+\.json/g, '$TMP/fio.json')
+    t = t.replace(/[^ ]*\/dist\/cli\/bin\.cjs/, 'dist/cli/bin.cjs').replace(/\$TMP\/fio-[^ ]+\.json/g, '$TMP/fio.json')
       .replace(/\/dev\/shm\/baton-bench-vol-src-[^ ]+\/random\.bin/g, '$SRC').replace(/'([^']*)'/g, '"$1"');
     return t;
   };

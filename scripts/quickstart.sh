@@ -13,7 +13,7 @@ if [ "$(id -u)" -eq 0 ]; then bash scripts/install-deps.sh; else echo "quickstar
 [ -d node_modules ] || npm ci --no-audit --no-fund
 npx tsc -p .
 
-B="node dist/cli/baton.js"
+B="node dist/cli/bin.cjs"
 $B info "$VOLUME" >/dev/null 2>&1 || $B create "$VOLUME" --size "$SIZE"
 $B info "$VOLUME"
 PORT="${LISTEN##*:}"; HOST="${LISTEN%:*}"

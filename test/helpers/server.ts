@@ -11,7 +11,7 @@ import * as path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
 export const REPO_ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', '..', '..');
-export const BATON_BIN = path.join(REPO_ROOT, 'dist', 'cli', 'baton.js');
+export const BATON_BIN = path.join(REPO_ROOT, 'dist', 'cli', 'bin.cjs');
 
 export interface Teardown {
   teardown(fn: () => void | Promise<void>): void;
