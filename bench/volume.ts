@@ -18,7 +18,8 @@
  *
  * Knobs (environment): STEPS (flush,npm,cold,puts), FLUSH_RUNTIME (fio seconds, 20),
  * LATENCY_MS (20), FS_SIZE (volume for npm/git, 4G), COLD_SIZE (10G), COPY_SIZE (1G),
- * NPM_PACKAGES (40), NPM_FILES (files per package, 100), NPM_PASSES (2).
+ * NPM_PACKAGES (40), NPM_FILES (files per package, 100), NPM_PASSES (2), PROFILE_DIR (CPU profiles
+ * of every baton server, by server name).
  * Results: bench/results/volume.md (tables) and volume.json (everything, incl. commands).
  */
 
@@ -48,6 +49,8 @@ const NPM_PACKAGES = Math.max(1, Math.floor(envNumber('NPM_PACKAGES', 40)));
 const NPM_FILES = Math.max(1, Math.floor(envNumber('NPM_FILES', 100)));
 const NPM_PASSES = Math.max(1, Math.floor(envNumber('NPM_PASSES', 2)));
 const BUCKET = 'bench';
+/** Set: every baton server writes a V8 CPU profile (node --cpu-prof) to PROFILE_DIR/<server name>/ when it stops. */
+const PROFILE_DIR = process.env.PROFILE_DIR ? path.resolve(process.env.PROFILE_DIR) : '';
 
 const log = (s: string): void => { process.stderr.write(s + '\n'); };
 const since = (t: number): number => (performance.now() - t) / 1000;
@@ -163,6 +166,7 @@ async function startBatonRgw(step: string, name: string, prefix: string, volume:
   batonLogs.push(logFile);
   const server = await startBaton({
     dir, volume, size, store: `s3://${BUCKET}/${prefix}`, create: o.create ?? true, logLevel: 'debug', logFile,
+    nodeArgs: PROFILE_DIR ? ['--cpu-prof', '--cpu-prof-dir', path.join(PROFILE_DIR, name)] : [],
     // --idle-grace: the volume stays open between clients (no close + re-open between steps).
     extraArgs: ['--endpoint', rgw.endpoint, '--cache-dir', cacheDir, '--idle-grace', '600', ...(o.extraArgs ?? [])],
     env: { ...rgw.env, ...(o.latencyMs ? { BATON_FAULTS: JSON.stringify({ latencyMs: o.latencyMs }) } : {}) },

@@ -317,6 +317,34 @@ export class BlockCache {
     }
   }
 
+  /**
+   * Bring [offset, offset+length) of object `key` into the cache without reading it: the
+   * missing blocks, coalesced into ranged GETs of up to MAX_FETCH, skipping blocks cached or
+   * being fetched. Resolves with the bytes it fetched once they are in; never rejects (a
+   * hint: a failed prefetch leaves the blocks to the reads that want them).
+   */
+  async prefetch(store: ObjectStore, key: string, objectSize: number, offset: number, length: number): Promise<number> {
+    const end = Math.min(offset + length, objectSize);
+    if (end <= offset) return 0;
+    const last = Math.floor((end - 1) / CACHE_BLOCK);
+    const runs: Promise<Fetched>[] = [];
+    for (let b = Math.floor(offset / CACHE_BLOCK); b <= last;) {
+      const id = BlockCache.id(key, b);
+      if (this.index.has(id) || this.inflight.has(id)) { b++; continue; }
+      let runEnd = b;
+      while (runEnd < last && runEnd - b + 1 < MAX_FETCH / CACHE_BLOCK
+        && !this.index.has(BlockCache.id(key, runEnd + 1)) && !this.inflight.has(BlockCache.id(key, runEnd + 1))) runEnd++;
+      runs.push(this.fetchRun(store, key, objectSize, b, runEnd));
+      b = runEnd + 1;
+    }
+    let bytes = 0;
+    for (const r of await Promise.allSettled(runs)) if (r.status === 'fulfilled') bytes += r.value.data.length;
+    return bytes;
+  }
+
+  /** How many bytes the cache holds at most. */
+  get capacityBytes(): number { return this.maxSlots * CACHE_BLOCK; }
+
   private fetchRun(store: ObjectStore, key: string, objectSize: number, firstBlock: number, lastBlock: number): Promise<Fetched> {
     const start = firstBlock * CACHE_BLOCK;
     const end = Math.min((lastBlock + 1) * CACHE_BLOCK, objectSize);

@@ -153,6 +153,12 @@ const ARENA_CHUNK = 1024 * 1024;
 const READ_ENDS_KEPT = 256;
 /** writeChunks keeps the received pieces of a write at least this long (see there). */
 const KEEP_PIECES_MIN = 128 * 1024;
+/** Sequential prefetch (Volume.prefetchAhead): from this streak on, this far ahead, this much at a time. */
+const PREFETCH_STREAK = 3;
+const PREFETCH_WINDOW = 128 * 1024 * 1024;
+const PREFETCH_STEP = 8 * 1024 * 1024;
+const PREFETCH_IN_FLIGHT = 16;
+const PREFETCH_STREAMS = 8;
 
 export class Volume implements BlockBackend {
   readonly size: number;
@@ -619,6 +625,7 @@ export class Volume implements BlockBackend {
     if (this.followsLog) await this.refreshIfStale();
     const out = into ?? Buffer.allocUnsafe(length);
     const streak = this.sequentialStreak(offset, length);
+    if (streak >= PREFETCH_STREAK && !this.local) this.prefetchAhead(offset + length);
     const fetches: { key: string; size: number; off: number; len: number; outOff: number }[] = [];
     this.resolve(offset, length, (p) => {
       const v = p.value;
@@ -641,6 +648,52 @@ export class Volume implements BlockBackend {
       for (const r of results) if (r.status === 'rejected') throw r.reason;
     }
     return out;
+  }
+
+  /**
+   * Keep the store busy ahead of sequential readers: the per-read readahead extends a miss
+   * only to the end of its object, so a cold sequential read had as many GETs in flight as
+   * objects its requests' window spans (a few), where the store gives its bandwidth at 16
+   * (volume bench, `stream`). Each sequential stream has a frontier: how far past its reads
+   * the committed pieces are being (or were) read into the block cache, PREFETCH_STEP at a
+   * time, up to PREFETCH_WINDOW ahead and PREFETCH_IN_FLIGHT steps in flight over all streams
+   * (nbdcopy reads four regions at once, one per connection: a single frontier jumped between
+   * them and re-planned a window each time). A read ending within a window behind a frontier
+   * (or a step past it) is that stream's; another starts a new one, the least recently used
+   * of PREFETCH_STREAMS giving way. Within a quarter of the cache, so prefetched blocks are
+   * not evicted before they are read. Only committed pieces are fetched (buffered ones are in
+   * memory), and a failed prefetch costs nothing but the reads that then miss.
+   */
+  private readonly prefetchFrontiers: number[] = []; // least recently used first
+  private prefetchSteps = 0;
+
+  private prefetchAhead(end: number): void {
+    const window = Math.min(PREFETCH_WINDOW, Math.floor(this.blockCache.capacityBytes / 4));
+    if (window < PREFETCH_STEP || this.closed) return;
+    const fronts = this.prefetchFrontiers;
+    const i = fronts.findIndex((f) => f >= end - PREFETCH_STEP && f <= end + window);
+    let frontier = i < 0 ? end : Math.max(fronts[i]!, end);
+    if (i >= 0) fronts.splice(i, 1);
+    else if (fronts.length >= PREFETCH_STREAMS) fronts.shift();
+    const stop = Math.min(end + window, this.size);
+    while (this.prefetchSteps < PREFETCH_IN_FLIGHT && frontier < stop && (frontier + PREFETCH_STEP <= stop || stop === this.size)) {
+      const from = frontier;
+      const len = Math.min(PREFETCH_STEP, this.size - from);
+      frontier = from + len;
+      const pieces: { key: string; size: number; off: number; len: number }[] = [];
+      this.resolve(from, len, (p) => {
+        const v = p.value;
+        if (v !== undefined && !isZero(v) && !('buf' in v)) pieces.push({ key: v.key, size: v.size, off: v.off, len: p.length });
+      });
+      if (pieces.length === 0) continue;
+      // Each piece extended to a step's worth of its object: steps are cut at volume offsets,
+      // objects are not, and a piece per step made two GETs of most objects (and smaller ones
+      // where they crossed the reads' own misses). Blocks cached or in flight are skipped.
+      this.prefetchSteps++;
+      void Promise.all(pieces.map((q) => this.blockCache.prefetch(this.store, q.key, q.size, q.off, Math.max(q.len, PREFETCH_STEP))))
+        .finally(() => { this.prefetchSteps--; });
+    }
+    fronts.push(frontier);
   }
 
   /** 0 for a read that continues none of the recent ones, else 1 + the run it continues (at most 6). */

@@ -15,8 +15,8 @@ import { Volume, type VolumeOptions } from '../../src/volume/volume.js';
 
 const MiB = 1024 * 1024;
 
-async function setup(store: ObjectStore, size = 64 * MiB, volume: Partial<VolumeOptions> = {}) {
-  const catalog = new StoreCatalog({ store, log: silentLogger(), cache: () => BlockCache.open({ capacityBytes: 64 * MiB }), volume });
+async function setup(store: ObjectStore, size = 64 * MiB, volume: Partial<VolumeOptions> = {}, cacheBytes = 64 * MiB) {
+  const catalog = new StoreCatalog({ store, log: silentLogger(), cache: () => BlockCache.open({ capacityBytes: cacheBytes }), volume });
   await catalog.create('v', size).catch(() => {});
   const open = async (): Promise<Volume> => (await catalog.open('v', { readOnly: false })).backend as Volume;
   return { catalog, open };
@@ -358,6 +358,33 @@ test('the segments of one commit start uploading in separate turns of the event 
   ticking = false;
   t.is(startedIn.length, 12, 'twelve 1 MiB segments');
   t.is(new Set(startedIn).size, startedIn.length, `each segment put started in a turn of its own (turns ${startedIn.join(',')})`);
+});
+
+test('a cold sequential reader keeps the store busy: GETs of whole objects, many in flight, ahead of the reads', async (t) => {
+  const inst = new InstrumentedObjectStore(new FaultyObjectStore(new MemoryObjectStore(), { latencyMs: { get: 5 } }));
+  const { open } = await setup(inst, 256 * MiB, {}, 1024 * MiB);
+  const data = pattern(13, 128 * MiB);
+  const w = await open();
+  for (let off = 0; off < data.length; off += 8 * MiB) await w.write(off, data.subarray(off, off + 8 * MiB), false);
+  await w.flush();
+  const v = await open(); // a new open: its own, empty block cache
+  inst.reset();
+  // nbdcopy's pattern in small: 16 reads of 256 KiB in flight, in order. They span 4 MiB, less
+  // than one 8 MiB segment: without prefetch about one GET was in flight at a time.
+  const chunk = 256 * 1024;
+  const inflight: Promise<void>[] = [];
+  const got = Buffer.alloc(data.length);
+  for (let off = 0; off < data.length; off += chunk) {
+    inflight.push(v.read(off, chunk).then((b) => { b.copy(got, off); }));
+    if (inflight.length >= 16) await inflight.shift();
+  }
+  await Promise.all(inflight);
+  t.true(got.equals(data));
+  const s = inst.stats();
+  t.true(s.maxInFlight >= 8, `at most ${s.maxInFlight} GETs in flight during a cold sequential read`);
+  // About one GET per 8 MiB object, and nothing read twice.
+  t.true(s.get.requests <= 40, `128 MiB in ${s.get.requests} GETs`);
+  t.true(s.get.bytes <= data.length + 16 * MiB, `${s.get.bytes} bytes fetched for ${data.length}`);
 });
 
 test('a cold sequential reader with many reads in flight is read ahead (one GET per request before)', async (t) => {
