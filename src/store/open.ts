@@ -114,6 +114,8 @@ function openPlainStore(url: string, opts: OpenStoreOptions): ObjectStore {
       ...(opts.region !== undefined ? { region: opts.region } : {}),
       ...(opts.credentials !== undefined ? { credentials: opts.credentials } : {}),
       ...(opts.maxSockets !== undefined ? { maxSockets: opts.maxSockets } : {}),
+      // Sign every body even where TLS or loopback protects it (payloadProtectedInTransit).
+      ...(process.env.BATON_S3_SIGN_PAYLOAD === '1' ? { signPayload: true } : {}),
       ...opts.s3,
     };
     return new LazyObjectStore(loc.description, async () => new (await import('./s3.js')).S3ObjectStore(s3opts), endpoint ?? `AWS S3 (${opts.region ?? process.env.AWS_REGION ?? process.env.AWS_DEFAULT_REGION ?? 'us-east-1'})`);

@@ -10,6 +10,7 @@
  */
 import test, { type ExecutionContext } from 'ava';
 import { spawnSync } from 'node:child_process';
+import { createHash } from 'node:crypto';
 import { link, mkdir, mkdtemp, readdir, rm, stat, utimes, writeFile } from 'node:fs/promises';
 import { createServer as createHttpServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import { createServer as createTcpServer, type AddressInfo, type Socket } from 'node:net';
@@ -28,7 +29,7 @@ import { MemoryObjectStore } from '../../src/store/memory.js';
 import { listAll, type ByteRange, type ListOptions, type ObjectStore, type PutOptions } from '../../src/store/object-store.js';
 import { openStore } from '../../src/store/open.js';
 import { PROBE_PREFIX, STORE_SETTINGS_KEY, SettingsCheckedObjectStore, checkStoreSettings, probeStore, waitForStore } from '../../src/store/probe.js';
-import { S3ObjectStore, type S3StoreOptions } from '../../src/store/s3.js';
+import { S3ObjectStore, payloadProtectedInTransit, type S3StoreOptions } from '../../src/store/s3.js';
 
 const CREDENTIALS = { accessKeyId: 'test', secretAccessKey: 'test-secret' };
 
@@ -474,4 +475,28 @@ test('9.10: waitForStore logs that it waits, keeps trying while the store does n
   const refusing = new SettingsCheckedObjectStore(new MemoryObjectStore(), { maxOperationMs: 5 });
   await refusing.put('x', Buffer.from('x'));
   await t.throwsAsync(waitForStore(new SettingsCheckedObjectStore((refusing as SettingsCheckedObjectStore).next, { maxOperationMs: 6 }), { log, sleep: async () => {} }), { instanceOf: MisconfiguredError });
+});
+
+// --- 11: payload signing where nothing else protects a body in transit ----------------------
+
+test('11: bodies are sent UNSIGNED-PAYLOAD over https and to loopback, signed (their SHA-256) elsewhere or when asked', async (t) => {
+  t.true(payloadProtectedInTransit(undefined), 'AWS S3 (https)');
+  t.true(payloadProtectedInTransit('https://s3.example.com'));
+  t.true(payloadProtectedInTransit('http://127.0.0.1:9000'));
+  t.true(payloadProtectedInTransit('http://127.3.2.1'));
+  t.true(payloadProtectedInTransit('http://localhost:7480'));
+  t.true(payloadProtectedInTransit('http://[::1]:9000'));
+  t.false(payloadProtectedInTransit('http://10.0.0.5:9000'));
+  t.false(payloadProtectedInTransit('http://minio.internal'));
+  t.false(payloadProtectedInTransit('http://127.0.0.1.example.com'));
+
+  const seen: (string | undefined)[] = [];
+  const endpoint = await fakeS3(t, (req, res) => {
+    seen.push(req.headers['x-amz-content-sha256'] as string | undefined);
+    res.writeHead(200, { ETag: '"x"' }).end();
+  });
+  const body = Buffer.from('a segment body');
+  await s3At(t, endpoint).put('k1', body);
+  await s3At(t, endpoint, { signPayload: true }).put('k2', body);
+  t.deepEqual(seen, ['UNSIGNED-PAYLOAD', createHash('sha256').update(body).digest('hex')]);
 });
