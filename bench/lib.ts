@@ -666,8 +666,27 @@ export interface RgwServer {
    * until at least `expect` requests are there (e.g. the `req` delta of the counters).
    */
   requestsSince(mark: number, expect?: number, timeoutMs?: number): Promise<RgwRequest[]>;
+  /** CPU seconds the cluster's daemons (mon, OSD, radosgw) have used so far. */
+  cpuSeconds(): number;
   /** `rgw.sh stop DIR` (SIGKILLs the daemons, removes DIR). */
   stop(): Promise<void>;
+}
+
+/** CPU seconds of this process's children that ended and were waited for (nbdcopy, fio...), from /proc/self/stat. */
+export function childrenCpuSeconds(): number {
+  try {
+    const stat = fs.readFileSync('/proc/self/stat', 'utf8');
+    const rest = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+    return (Number(rest[13]) + Number(rest[14])) / CLK_TCK; // cutime, cstime: fields 16, 17
+  } catch {
+    return NaN;
+  }
+}
+
+/** CPU seconds of this process so far. */
+export function selfCpuSeconds(): number {
+  const u = process.cpuUsage();
+  return (u.user + u.system) / 1e6;
 }
 
 /** Ask a Ceph daemon's admin socket: JSON command + NUL, reply is a u32 BE length and JSON. */
@@ -752,6 +771,16 @@ export async function startRgw(dir: string): Promise<RgwServer> {
       const d = (await cephAdminSocket(asok, { prefix: 'perf dump' })) as { rgw?: Record<string, number> };
       const g = d.rgw ?? {};
       return { req: g.req ?? NaN, failedReq: g.failed_req ?? NaN, get: g.get ?? NaN, getBytes: g.get_b ?? NaN, put: g.put ?? NaN, putBytes: g.put_b ?? NaN };
+    },
+    cpuSeconds: () => {
+      let sum = 0;
+      try {
+        for (const line of fs.readFileSync(path.join(dir, 'pids'), 'utf8').split('\n')) {
+          const [name, pid] = line.trim().split(/\s+/);
+          if (name && pid && name !== 'watchdog') sum += processCpuSeconds(Number(pid)) || 0;
+        }
+      } catch { return NaN; }
+      return sum;
     },
     logMark: () => { try { return fs.statSync(logPath).size; } catch { return 0; } },
     requestsSince: async (mark, expect = 0, timeoutMs = 10_000) => {

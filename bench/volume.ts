@@ -32,7 +32,7 @@ import { CreateBucketCommand, ListObjectsV2Command, PutBucketAclCommand, S3Clien
 import { formatSize } from '../src/size.js';
 import { openStore } from '../src/store/open.js';
 import {
-  MiB, RESULTS_DIR, attachExt4, diffCounters, envNumber, envSize, fmt, fmtRatio, goalsTable, has, limitGoal, machineInfo, makeRandomFile, makeTempDir,
+  MiB, RESULTS_DIR, attachExt4, childrenCpuSeconds, diffCounters, selfCpuSeconds, envNumber, envSize, fmt, fmtRatio, goalsTable, has, limitGoal, machineInfo, makeRandomFile, makeTempDir,
   ratioGoal, slowdownGoal, type GoalRow,
   markdownTable, nbdReadOnce, startStallProbe, ratio, runCommand, runFio, runNbdcopy, shellQuote, startBaton, startNbdkit, startRgw,
   writeResults, type CommandResult, type Ext4Stack, type RgwCounters, type RgwRequest, type RgwServer, type Server,
@@ -677,6 +677,8 @@ interface PutsAttempt {
   putsPerGiB: number;
   objectsPerGiB: number;
   rgwSegPutMs: { p50: number; p99: number };
+  /** CPU seconds during the copy: radosgw's daemons, the baton server, nbdcopy. */
+  cpu: CpuSplit;
   /** Latency of 4 KiB READs of a never-written block, one every 50 ms on their own connection, during the copy. */
   stallMs: { n: number; p50: number; p99: number; max: number };
   warnings: string[];
@@ -697,10 +699,13 @@ async function putsAttempt(label: string, name: string, src: string, extraArgs: 
     let argv: string[] = [];
     let seconds = NaN;
     let stall: number[] = [];
+    const cpu0 = cpuNow(bb.server);
+    let cpu: CpuSplit = { rgw: NaN, baton: NaN, client: NaN };
     const w = await storeWindow(rgw, async () => {
       const t = performance.now();
       try {
         const r = await runNbdcopy(src, bb.server.uri, COPY_SIZE, { flush: true });
+        cpu = cpuSince(cpu0, bb.server);
         argv = r.argv;
       } catch (e) {
         error = (e as Error).message;
@@ -725,7 +730,7 @@ async function putsAttempt(label: string, name: string, src: string, extraArgs: 
       leaseLost: /lease lost/.test(logText), seconds, mibPerSec: COPY_SIZE / MiB / seconds, store: w,
       commits: commitsIn(bb.logFile, off).length, objectsCreated: created.length, objectKinds: kindsOf(created),
       putsPerGiB: w.counters.put / gib, objectsPerGiB: created.length / gib,
-      rgwSegPutMs: { p50: quantile(segLat, 0.5), p99: quantile(segLat, 0.99) },
+      rgwSegPutMs: { p50: quantile(segLat, 0.5), p99: quantile(segLat, 0.99) }, cpu,
       stallMs: { n: stall.length, p50: quantile(stall, 0.5), p99: quantile(stall, 0.99), max: stall.length ? Math.max(...stall) : NaN },
       warnings: [...new Set(warnings)],
     };
@@ -770,8 +775,26 @@ interface StreamResult {
   /** The `puts` step's nbdcopy --flush into a volume (same radosgw, same run). */
   volumeWriteMiBps: number | null;
   /** nbdcopy URI null: of that volume from a new server with an empty cache. */
-  coldRead: { argv: string[]; seconds: number; mibPerSec: number; store: Window } | null;
+  coldRead: { argv: string[]; seconds: number; mibPerSec: number; store: Window; cpu: CpuSplit } | null;
+  /** CPU seconds of the store's own PUTs and GETs (client: this bench process, through openStore). */
+  storePutCpu: CpuSplit;
+  storeGetCpu: CpuSplit;
   error: string | null;
+}
+
+/**
+ * Where the CPU went during a step, in seconds: radosgw's daemons, the baton server, and the
+ * client (nbdcopy, or this process for the store's own requests). On a machine whose cores
+ * the store shares with baton and the client, their sum per GiB bounds the bandwidth.
+ */
+interface CpuSplit { rgw: number; baton: number; client: number }
+
+function cpuNow(server?: Server): CpuSplit {
+  return { rgw: rgw.cpuSeconds(), baton: server ? server.cpuSeconds() : 0, client: childrenCpuSeconds() };
+}
+function cpuSince(c0: CpuSplit, server?: Server): CpuSplit {
+  const c = cpuNow(server);
+  return { rgw: c.rgw - c0.rgw, baton: c.baton - c0.baton, client: c.client - c0.client };
 }
 
 /**
@@ -795,16 +818,22 @@ async function streamStep(puts: PutsResult | undefined): Promise<StreamResult> {
   };
   let putS: number;
   let getS: number;
+  let storePutCpu!: CpuSplit;
+  let storeGetCpu!: CpuSplit;
   try {
     await st.put('warm', bodies[0]!.subarray(0, 4096)); // connections and the settings check, not measured
+    let r0 = rgw.cpuSeconds(); let c0 = selfCpuSeconds();
     putS = await pool((i) => st.put(`o${i}`, bodies[i % bodies.length]!, { ifNoneMatch: true }));
+    storePutCpu = { rgw: rgw.cpuSeconds() - r0, baton: 0, client: selfCpuSeconds() - c0 };
+    r0 = rgw.cpuSeconds(); c0 = selfCpuSeconds();
     getS = await pool(async (i) => { await st.get(`o${i}`, { offset: 0, length: STREAM_OBJECT }); });
+    storeGetCpu = { rgw: rgw.cpuSeconds() - r0, baton: 0, client: selfCpuSeconds() - c0 };
   } finally {
     await st.close();
   }
   const res: StreamResult = {
     bytes, concurrency: STREAM_CONCURRENCY, storePutMiBps: (n * STREAM_OBJECT) / MiB / putS, storeGetMiBps: (n * STREAM_OBJECT) / MiB / getS,
-    volumeWriteMiBps: null, coldRead: null, error: null,
+    volumeWriteMiBps: null, coldRead: null, storePutCpu, storeGetCpu, error: null,
   };
   log(`  store itself (${n} × 8 MiB, ${STREAM_CONCURRENCY} at a time): create-only PUT ${fmt(res.storePutMiBps)} MiB/s, ranged GET ${fmt(res.storeGetMiBps)} MiB/s`);
   const copy = puts?.attempts.find((a) => !a.error);
@@ -816,15 +845,18 @@ async function streamStep(puts: PutsResult | undefined): Promise<StreamResult> {
   try {
     let argv: string[] = [];
     let seconds = NaN;
+    const cpu0 = cpuNow(b.server);
+    let cpu: CpuSplit = { rgw: NaN, baton: NaN, client: NaN };
     const w = await storeWindow(rgw, async () => {
       const r = await runNbdcopy(b.server.uri, 'null:', COPY_SIZE);
+      cpu = cpuSince(cpu0, b.server);
       argv = r.argv;
       seconds = r.seconds;
       return null;
     });
     note('stream', argv);
     // COPY_SIZE over the time of reading all of it plus the 64 MiB hole after it: slightly low, never high.
-    res.coldRead = { argv, seconds, mibPerSec: COPY_SIZE / MiB / seconds, store: w };
+    res.coldRead = { argv, seconds, mibPerSec: COPY_SIZE / MiB / seconds, store: w, cpu };
     log(`  cold sequential read on a new host: ${seconds.toFixed(2)} s (${fmt(res.coldRead.mibPerSec)} MiB/s), ${w.counters.get} GETs, ${formatSize(w.counters.getBytes)}`);
   } finally {
     await b.server.stop();
@@ -902,6 +934,23 @@ function render(r: Report): string {
     L.push('## Goals (issue 11), this run\n');
     L.push(goalsTable(r.goals));
     if (r.stream) {
+      const st = r.stream;
+      const copy = r.puts?.attempts.find((a) => !a.error);
+      const gib = st.bytes / GiB;
+      const cores = os.cpus().length;
+      const cpuRow = (what: string, c: CpuSplit | undefined, client: string): string[] => {
+        if (!c) return [what, '', '', '', '', ''];
+        const total = c.rgw + c.baton + c.client;
+        return [what, fmt(c.rgw / gib), c.baton ? fmt(c.baton / gib) : '–', `${fmt(c.client / gib)} (${client})`, fmt(total / gib), fmt((cores * 1024) / (total / gib))];
+      };
+      L.push(`Where the CPU went (seconds per GiB; all of it shares this machine's ${cores} cores, so the last column is the most any step could reach if the CPU were the only limit):\n`);
+      L.push(markdownTable(['step', 'radosgw', 'baton', 'client', 'total', `CPU-bound ceiling, MiB/s`], [
+        cpuRow('store PUTs (8 MiB, 16 at a time)', st.storePutCpu, 'store code'),
+        cpuRow('volume write (nbdcopy --flush)', copy?.cpu, 'nbdcopy'),
+        cpuRow('store ranged GETs (8 MiB, 16 at a time)', st.storeGetCpu, 'store code'),
+        cpuRow('cold sequential read (nbdcopy → null:)', st.coldRead?.cpu, 'nbdcopy'),
+      ]));
+      L.push('');
       L.push(`The store's own bandwidth is measured through baton's store code (openStore: AWS SDK, settings check, retries): ${Math.round(r.stream.bytes / STREAM_OBJECT)} objects of 8 MiB, ${r.stream.concurrency} requests at a time (baton's parallel segment uploads per commit), create-only PUTs, then ranged GETs of them. The volume write is the \`puts\` step's copy; the cold read is \`nbdcopy URI null:\` of that volume from a new \`baton serve\` with an empty cache (its time includes the 64 MiB hole after the copied data).\n`);
     }
   }
