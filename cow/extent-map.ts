@@ -11,7 +11,13 @@
  *
  * Values are opaque to the map except for `slice`, which returns the value for a suffix
  * starting `delta` bytes into an extent (for a location "object K at offset O" that is
- * O + delta). Values must be treated as immutable.
+ * O + delta), and the optional `join`, which says whether a value continues another: given
+ * extent A (value a, length n) and B starting where A ends, join(a, n, b) returns the value
+ * of the one extent A+B (for locations: the same object, B's offset n bytes after A's) or
+ * undefined. With `join`, a set merges the extent it made with such neighbours in its
+ * region, so the map's size follows how fragmented the data is, not how many writes made
+ * it (100 MiB written in 4 KiB requests into one object is one extent per region, not 25,600).
+ * Merging never changes what any byte maps to. Values must be treated as immutable.
  */
 
 export interface Extent<V> {
@@ -30,11 +36,25 @@ export interface Piece<V> {
 /** Small enough that a region of 4 KiB extents splices in microseconds. */
 export const REGION_SIZE = 4 * 1024 * 1024;
 
+/** See the header: the value of A+B if B's value continues A's (A being `length` bytes long), else undefined. */
+export type Join<V> = (a: V, length: number, b: V) => V | undefined;
+
+export interface ExtentMapOptions<V> {
+  join?: Join<V>;
+  /** Bytes per region (tests use small ones); default REGION_SIZE. */
+  regionSize?: number;
+}
+
 export class ExtentMap<V> {
   private readonly regions = new Map<number, Extent<V>[]>();
   private count = 0;
+  private readonly regionSize: number;
+  private readonly join: Join<V> | undefined;
 
-  constructor(private readonly slice: (value: V, delta: number) => V, private readonly regionSize = REGION_SIZE) {}
+  constructor(private readonly slice: (value: V, delta: number) => V, options: ExtentMapOptions<V> = {}) {
+    this.regionSize = options.regionSize ?? REGION_SIZE;
+    this.join = options.join;
+  }
 
   get size(): number { return this.count; }
 
@@ -64,6 +84,7 @@ export class ExtentMap<V> {
 
   private setInRegion(r: number, offset: number, length: number, value: V | undefined): void {
     let arr = this.regions.get(r);
+    if (this.views.length > 0) arr = this.preserve(r, arr);
     if (!arr) {
       if (value === undefined) return;
       arr = [];
@@ -97,7 +118,21 @@ export class ExtentMap<V> {
     const removed = i - first;
     arr.splice(first, removed, ...replacement);
     this.count += replacement.length - removed;
-    if (arr.length === 0) this.regions.delete(r);
+    if (arr.length === 0) { this.regions.delete(r); return; }
+    if (value !== undefined && this.join) {
+      // The new extent sits at first + (a left remainder ? 1 : 0). Merge it with the
+      // neighbour after, then the one before (new objects: extents handed out stay as they were).
+      const at = first + (replacement.length > 0 && replacement[0]!.offset < offset ? 1 : 0);
+      for (const k of [at, at - 1]) {
+        const a = arr[k];
+        const b = arr[k + 1];
+        if (!a || !b || a.offset + a.length !== b.offset) continue;
+        const joined = this.join(a.value, a.length, b.value);
+        if (joined === undefined) continue;
+        arr.splice(k, 2, { offset: a.offset, length: a.length + b.length, value: joined });
+        this.count--;
+      }
+    }
   }
 
   /** The pieces covering [offset, offset+length) in order, gaps included (value undefined). */
@@ -141,6 +176,81 @@ export class ExtentMap<V> {
     return out;
   }
 
+  // ---------------------------------------------------------------- frozen views
+
+  /** Views open on this map (see freeze); usually none, at most a few. */
+  private readonly views: FrozenView<V>[] = [];
+
+  /**
+   * Before region r changes while views are open: each view that has not saved r yet keeps
+   * the region as it is (its array, or undefined if it does not exist yet), and the map
+   * goes on with a copy of an array a view keeps. Extents are never changed in place (a
+   * set makes new ones), so copying the array is enough.
+   */
+  private preserve(r: number, arr: Extent<V>[] | undefined): Extent<V>[] | undefined {
+    let kept = false;
+    for (const v of this.views) {
+      if (!v.saved.has(r)) v.saved.set(r, arr);
+      if (arr !== undefined && v.saved.get(r) === arr) kept = true;
+    }
+    if (!kept || arr === undefined) return arr;
+    const copy = arr.slice();
+    this.regions.set(r, copy);
+    return copy;
+  }
+
+  /**
+   * The map as it is now, for reading a piece at a time while the map goes on changing
+   * (a checkpoint of millions of extents, written without holding the event loop). Costs
+   * nothing until a region changes; then that region is copied once per open view. Close it
+   * when done (a view left open makes every changed region a copy).
+   */
+  freeze(): FrozenExtentMap<V> {
+    // Sorted once here: a Float64Array sorts numerically without a comparator call per pair.
+    const keys = Float64Array.from(this.regions.keys()).sort();
+    const view: FrozenView<V> = { saved: new Map(), keys, size: this.count };
+    this.views.push(view);
+    const regions = this.regions;
+    const release = (): void => {
+      const i = this.views.indexOf(view);
+      if (i >= 0) this.views.splice(i, 1);
+    };
+    return {
+      size: view.size,
+      regionCount: keys.length,
+      region: (i: number): readonly Extent<V>[] => {
+        const r = keys[i]!;
+        const arr = view.saved.has(r) ? view.saved.get(r) : regions.get(r);
+        return arr ?? [];
+      },
+      close: release,
+    };
+  }
+
+  /**
+   * Add an extent after every extent already in its regions (building a map from a sorted
+   * source, like a checkpoint, without a search per extent). Throws if it overlaps or comes
+   * before what is there. Joins with the extent before it like set.
+   */
+  append(offset: number, length: number, value: V): void {
+    let pos = offset;
+    const end = offset + length;
+    while (pos < end) {
+      const r = Math.floor(pos / this.regionSize);
+      const rEnd = Math.min((r + 1) * this.regionSize, end);
+      let arr = this.regions.get(r);
+      if (this.views.length > 0) arr = this.preserve(r, arr);
+      if (!arr) { arr = []; this.regions.set(r, arr); }
+      const v = pos === offset ? value : this.slice(value, pos - offset);
+      const last = arr[arr.length - 1];
+      if (last && last.offset + last.length > pos) throw new RangeError(`append at ${pos} overlaps or precedes the extent at ${last.offset}`);
+      const joined = last && last.offset + last.length === pos && this.join ? this.join(last.value, last.length, v) : undefined;
+      if (joined !== undefined) arr[arr.length - 1] = { offset: last!.offset, length: last!.length + rEnd - pos, value: joined };
+      else { arr.push({ offset: pos, length: rEnd - pos, value: v }); this.count++; }
+      pos = rEnd;
+    }
+  }
+
   /** Every extent in offset order. */
   *entries(): IterableIterator<Extent<V>> {
     const keys = [...this.regions.keys()].sort((a, b) => a - b);
@@ -150,11 +260,30 @@ export class ExtentMap<V> {
   isEmpty(): boolean { return this.count === 0; }
 
   clone(): ExtentMap<V> {
-    const m = new ExtentMap<V>(this.slice, this.regionSize);
+    const m = new ExtentMap<V>(this.slice, { regionSize: this.regionSize, ...(this.join ? { join: this.join } : {}) });
     for (const [k, arr] of this.regions) m.regions.set(k, arr.map((e) => ({ ...e })));
     m.count = this.count;
     return m;
   }
+}
+
+/** What freeze() keeps for one view. */
+interface FrozenView<V> {
+  /** Regions as they were at freeze time, saved when they first changed after it (undefined: did not exist). */
+  saved: Map<number, Extent<V>[] | undefined>;
+  keys: Float64Array;
+  size: number;
+}
+
+/** A map as it was when frozen: its regions in offset order, each a sorted extent array. */
+export interface FrozenExtentMap<V> {
+  /** Extents at freeze time. */
+  readonly size: number;
+  readonly regionCount: number;
+  /** The extents of the i-th region (in offset order) as they were at freeze time. Do not change them. */
+  region(i: number): readonly Extent<V>[];
+  /** Stop keeping this view (the map stops copying regions for it). */
+  close(): void;
 }
 
 function pushGap<V>(out: Piece<V>[], offset: number, length: number): void {

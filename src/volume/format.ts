@@ -10,7 +10,8 @@
  *   vol/<id>/log/<seq:20>              log record: header (JSON) + inline data. Create-only at the
  *                                      next sequence number: the commit point of a flush.
  *   vol/<id>/seg/<seq:20>-<nonce>-<n>  data segment uploaded before the log record that references it.
- *   vol/<id>/checkpoint/<seq:20>       the whole extent map as of log record <seq> (JSON).
+ *   vol/<id>/checkpoint/<seq:20>       the whole extent map as of log record <seq> (binary, v3;
+ *                                      JSON in v1/v2, still read).
  *
  * A flush whose data fits one segment is ONE put: the log record carries the data inline,
  * so the commit point and the data land together (one store round trip on the critical
@@ -193,11 +194,163 @@ export interface Checkpoint {
   extents: RecordExtent[];
 }
 
-export function decodeCheckpoint(b: Buffer, key: string): Checkpoint {
+/**
+ * Checkpoint v3, binary, so that a map of millions of extents is written and read a chunk at
+ * a time (the event loop serves other volumes in between) and never becomes one string (V8's
+ * string limit is about 512 MiB; JSON of 10M extents was near it):
+ *
+ *   "BATONCP3" | u32 BE header length | header JSON (CheckpointHeader)
+ *   | objects: per object u16 LE key length, the key (UTF-8), f64 LE size
+ *   | extents: per extent 24 bytes: f64 LE offset, u32 LE length, i32 LE source (object index,
+ *     SRC_HOLE or SRC_ZERO), f64 LE offset in the object; in volume order, not overlapping.
+ */
+export const CHECKPOINT_MAGIC = Buffer.from('BATONCP3');
+export const CHECKPOINT_EXTENT_BYTES = 24;
+
+export interface CheckpointHeader {
+  v: 3;
+  volumeId: string;
+  seq: number;
+  token: number;
+  lastId?: string;
+  time: string;
+  objects: number;
+  extents: number;
+}
+
+/** A decoded checkpoint of any version: its header, objects, and its extents read a chunk at a time. */
+export interface CheckpointData {
+  v: 1 | 2 | 3;
+  volumeId: string;
+  seq: number;
+  token: number;
+  lastId?: string;
+  objects: [string, number][];
+  extentCount: number;
+  /**
+   * Call fn for every extent in order, awaiting `pause` after every `chunk` of them (so a
+   * big map is built without holding the event loop). Throws CorruptError for an extent
+   * outside [0, volumeSize) or naming a missing object.
+   */
+  forEachExtent(volumeSize: number, fn: (offset: number, length: number, src: number, srcOff: number) => void, pause: () => Promise<void>, chunk?: number): Promise<void>;
+}
+
+/** Extents per chunk when checkpoints are written or read (about 5 ms of work each here). */
+export const CHECKPOINT_CHUNK = 20_000;
+
+export function decodeCheckpoint(b: Buffer, key: string): CheckpointData {
+  if (b.length >= 12 && b.subarray(0, 8).equals(CHECKPOINT_MAGIC)) return decodeCheckpointV3(b, key);
   let c: Checkpoint;
   try { c = JSON.parse(b.toString('utf8')) as Checkpoint; } catch { throw new CorruptError(`${key}: checkpoint is not JSON`); }
   if ((c.v !== 1 && c.v !== 2) || !Array.isArray(c.extents) || !Array.isArray(c.objects)) throw new CorruptError(`${key}: unsupported checkpoint version`);
-  return c;
+  return {
+    v: c.v, volumeId: c.volumeId, seq: c.seq, token: c.token, ...(c.lastId !== undefined ? { lastId: c.lastId } : {}), objects: c.objects, extentCount: c.extents.length,
+    forEachExtent: async (volumeSize, fn, pause, chunk = CHECKPOINT_CHUNK) => {
+      for (let i = 0; i < c.extents.length; i++) {
+        if (i > 0 && i % chunk === 0) await pause();
+        const [off, len, src, srcOff] = c.extents[i]!;
+        checkCheckpointExtent(key, volumeSize, c.objects.length, off, len, src);
+        fn(off, len, src, srcOff);
+      }
+    },
+  };
+}
+
+function checkCheckpointExtent(key: string, volumeSize: number, objects: number, off: number, len: number, src: number): void {
+  if (!(off >= 0 && len > 0 && off + len <= volumeSize)) throw new CorruptError(`${key}: checkpoint extent [${off}, +${len}) out of range`);
+  if (src !== SRC_HOLE && src !== SRC_ZERO && !(src >= 0 && src < objects)) throw new CorruptError(`${key}: checkpoint extent names object ${src} of ${objects}`);
+}
+
+function decodeCheckpointV3(b: Buffer, key: string): CheckpointData {
+  const hlen = b.readUInt32BE(8);
+  if (12 + hlen > b.length) throw new CorruptError(`${key}: checkpoint header runs past the end`);
+  let h: CheckpointHeader;
+  try { h = JSON.parse(b.subarray(12, 12 + hlen).toString('utf8')) as CheckpointHeader; } catch { throw new CorruptError(`${key}: checkpoint header is not JSON`); }
+  if (h.v !== 3 || !Number.isSafeInteger(h.objects) || !Number.isSafeInteger(h.extents) || h.objects < 0 || h.extents < 0) throw new CorruptError(`${key}: unsupported checkpoint header`);
+  // The object table is small (one entry per object, not per extent): read at once.
+  const objects: [string, number][] = [];
+  let pos = 12 + hlen;
+  for (let i = 0; i < h.objects; i++) {
+    if (pos + 2 > b.length) throw new CorruptError(`${key}: checkpoint object table runs past the end`);
+    const klen = b.readUInt16LE(pos);
+    if (pos + 2 + klen + 8 > b.length) throw new CorruptError(`${key}: checkpoint object table runs past the end`);
+    objects.push([b.toString('utf8', pos + 2, pos + 2 + klen), b.readDoubleLE(pos + 2 + klen)]);
+    pos += 2 + klen + 8;
+  }
+  const extentsAt = pos;
+  if (extentsAt + h.extents * CHECKPOINT_EXTENT_BYTES !== b.length) throw new CorruptError(`${key}: checkpoint is ${b.length} bytes, its header says ${extentsAt + h.extents * CHECKPOINT_EXTENT_BYTES}`);
+  return {
+    v: 3, volumeId: h.volumeId, seq: h.seq, token: h.token, ...(h.lastId !== undefined ? { lastId: h.lastId } : {}), objects, extentCount: h.extents,
+    forEachExtent: async (volumeSize, fn, pause, chunk = CHECKPOINT_CHUNK) => {
+      let prevEnd = 0;
+      for (let i = 0; i < h.extents; i++) {
+        if (i > 0 && i % chunk === 0) await pause();
+        const at = extentsAt + i * CHECKPOINT_EXTENT_BYTES;
+        const off = b.readDoubleLE(at);
+        const len = b.readUInt32LE(at + 8);
+        const src = b.readInt32LE(at + 12);
+        const srcOff = b.readDoubleLE(at + 16);
+        checkCheckpointExtent(key, volumeSize, objects.length, off, len, src);
+        if (off < prevEnd) throw new CorruptError(`${key}: checkpoint extents out of order at ${off}`);
+        prevEnd = off + len;
+        fn(off, len, src, srcOff);
+      }
+    },
+  };
+}
+
+/**
+ * Encode a v3 checkpoint from a source that can walk the map twice (the first walk finds the
+ * objects and sizes the buffer, the second writes the extents), pausing after every chunk.
+ * `walk` calls its callback for every extent in volume order with the object key (or null
+ * for zeroes, `src` then SRC_HOLE or SRC_ZERO) and the object's size.
+ */
+export async function encodeCheckpoint(
+  header: Omit<CheckpointHeader, 'v' | 'objects' | 'extents'>,
+  walk: (fn: (offset: number, length: number, key: string | null, src: number, srcOff: number, objectSize: number) => void, pause: () => Promise<void>) => Promise<void>,
+  pause: () => Promise<void>,
+): Promise<Buffer> {
+  const index = new Map<string, number>();
+  const sizes: number[] = [];
+  let extents = 0;
+  let tableBytes = 0;
+  await walk((_o, _l, key, _s, _so, size) => {
+    extents++;
+    if (key !== null && !index.has(key)) {
+      index.set(key, index.size);
+      sizes.push(size);
+      tableBytes += 2 + Buffer.byteLength(key) + 8;
+    }
+  }, pause);
+  const h: CheckpointHeader = { v: 3, ...header, objects: index.size, extents };
+  const hjson = Buffer.from(JSON.stringify(h));
+  const extentsAt = 12 + hjson.length + tableBytes;
+  const out = Buffer.allocUnsafe(extentsAt + extents * CHECKPOINT_EXTENT_BYTES);
+  CHECKPOINT_MAGIC.copy(out, 0);
+  out.writeUInt32BE(hjson.length, 8);
+  hjson.copy(out, 12);
+  let pos = 12 + hjson.length;
+  let i = 0;
+  for (const [key, idx] of index) {
+    const klen = out.write(key, pos + 2, 'utf8');
+    if (klen > 0xffff) throw new CorruptError(`checkpoint: object key longer than 65535 bytes: ${key.slice(0, 80)}...`);
+    out.writeUInt16LE(klen, pos);
+    out.writeDoubleLE(sizes[idx]!, pos + 2 + klen);
+    pos += 2 + klen + 8;
+    if (++i % CHECKPOINT_CHUNK === 0) await pause();
+  }
+  let n = 0;
+  await walk((offset, length, key, src, srcOff) => {
+    if (n >= extents) throw new Error('checkpoint: the second walk found more extents than the first');
+    const at = extentsAt + n * CHECKPOINT_EXTENT_BYTES;
+    out.writeDoubleLE(offset, at);
+    out.writeUInt32LE(length, at + 8);
+    out.writeInt32LE(key === null ? src : index.get(key)!, at + 12);
+    out.writeDoubleLE(key === null ? 0 : srcOff, at + 16);
+    n++;
+  }, pause);
+  if (n !== extents) throw new Error(`checkpoint: the walks disagree (${extents} then ${n} extents)`);
+  return out;
 }
 
 /**

@@ -30,7 +30,7 @@
 import { strict as assert } from 'node:assert';
 import { CACHE_PIECE_BYTES, type BlockBackend, type Extent, type ZeroOptions } from '../../nbd/backend.js';
 import { NBD_STATE_HOLE, NBD_STATE_ZERO } from '../../nbd/constants.js';
-import { ExtentMap, REGION_SIZE, type Piece } from '../../cow/extent-map.js';
+import { ExtentMap, REGION_SIZE, type FrozenExtentMap, type Piece } from '../../cow/extent-map.js';
 import type { BlockCache } from '../cache.js';
 import { BatonError, CorruptError, FencedError, LeaseLostError, NotFoundError, PreconditionFailedError, ReadOnlyError, ShutdownError, errorMessage } from '../errors.js';
 import { randomId, systemWorld, type TimerHandle, type World } from '../clock.js';
@@ -38,9 +38,9 @@ import type { Logger } from '../log.js';
 import { PUT_ID_META } from '../store/decorators.js';
 import { listAll, type LocalObjects, type ObjectStore } from '../store/object-store.js';
 import {
-  SRC_HOLE, SRC_INLINE, SRC_ZERO, decodeCheckpoint, decodeLogHeader, decodeVolumeRecord, encodeLogRecord, fenceAfter, followsChain, keys,
+  CHECKPOINT_CHUNK, SRC_HOLE, SRC_INLINE, SRC_ZERO, decodeCheckpoint, decodeLogHeader, decodeVolumeRecord, encodeCheckpoint, encodeLogRecord, fenceAfter, followsChain, keys,
   logHeaderLength, maxOperationMs, recordCounts, seqFromKey, timeBounds,
-  type Checkpoint, type LogHeader, type RecordExtent, type VolumeRecord,
+  type CheckpointData, type LogHeader, type RecordExtent, type VolumeRecord,
 } from './format.js';
 
 /** The lease token is not above the highest one in the log: re-acquire with `minToken`. */
@@ -63,10 +63,26 @@ const ZERO: ZeroLoc = { zero: true, hole: false };
 function isZero(v: Loc | Dirty): v is ZeroLoc { return (v as ZeroLoc).zero === true; }
 
 const sliceLoc = (v: Loc, d: number): Loc => (isZero(v) ? v : { key: v.key, off: v.off + d, size: v.size });
+/** Extent-map merging (cow/extent-map.ts): zeroes of one kind, or the next bytes of the same object. */
+const joinLoc = (a: Loc, n: number, b: Loc): Loc | undefined => {
+  if (isZero(a) || isZero(b)) return isZero(a) && isZero(b) && a.hole === b.hole ? a : undefined;
+  return a.key === b.key && a.off + n === b.off ? a : undefined;
+};
+const LOC_MAP = { join: joinLoc };
 
 /** A buffered write: bytes in memory, or zeroes. */
 type Dirty = { buf: Buffer } | ZeroLoc;
 const sliceDirty = (v: Dirty, d: number): Dirty => (isZero(v) ? v : { buf: v.buf.subarray(d) });
+/**
+ * Buffered writes merge when their bytes lie one after the other in one buffer (small
+ * sequential writes copied into the arena): the merged view spans both.
+ */
+const joinDirty = (a: Dirty, n: number, b: Dirty): Dirty | undefined => {
+  if (isZero(a) || isZero(b)) return isZero(a) && isZero(b) && a.hole === b.hole ? a : undefined;
+  if (a.buf.buffer !== b.buf.buffer || a.buf.byteOffset + n !== b.buf.byteOffset) return undefined;
+  return { buf: Buffer.from(a.buf.buffer, a.buf.byteOffset, n + b.buf.length) };
+};
+const DIRTY_MAP = { join: joinDirty };
 
 /** Buffered writes no longer open for new writes: being committed, or left by a failed commit. */
 interface Sealed {
@@ -127,6 +143,8 @@ export interface VolumeStats {
   lastCommitSeq: number;
   lastFlushAt: string | null;
   extents: number;
+  /** Extents in the write buffer (dirty and sealed layers). */
+  bufferedExtents: number;
   fenced: boolean;
 }
 
@@ -176,8 +194,14 @@ export class Volume implements BlockBackend {
   private readonly id: string;
   private token: number;
 
-  private committed = new ExtentMap<Loc>(sliceLoc);
-  private dirty = new ExtentMap<Dirty>(sliceDirty);
+  private committed = new ExtentMap<Loc>(sliceLoc, LOC_MAP);
+  private dirty = new ExtentMap<Dirty>(sliceDirty, DIRTY_MAP);
+  /**
+   * Uncommitted work in the dirty overlay, in bytes: written bytes, and the length of every
+   * trim and zeroed range. Trims and zeroes hold no data, but they are changes a crash would
+   * lose and map entries in memory; counting them like writes makes them start commits (soft
+   * limit) and wait for them (hard limit): 400k trims once made no commit and no backpressure.
+   */
   private dirtyBytes = 0;
   private readonly sealed: Sealed[] = [];
   private arena: Buffer = Buffer.alloc(0);
@@ -284,7 +308,7 @@ export class Volume implements BlockBackend {
     for (const cp of cps) {
       const c = await this.readCheckpoint(cp.key);
       if (!c) continue;
-      this.resetTo(c);
+      await this.resetTo(c);
       try {
         const replayed = await this.replayLog();
         this.lastCheckpointSeq = c.seq;
@@ -295,7 +319,7 @@ export class Volume implements BlockBackend {
         this.log.error({ key: cp.key, err: errorMessage(err) }, 'checkpoint is not followed by the log (a stale writer\'s?); trying an older one');
       }
     }
-    this.committed = new ExtentMap<Loc>(sliceLoc);
+    this.committed = new ExtentMap<Loc>(sliceLoc, LOC_MAP);
     this.highestTokenSeen = 0;
     this.lastRecordId = '';
     if (this.record.parent) {
@@ -310,7 +334,7 @@ export class Volume implements BlockBackend {
   }
 
   /** A checkpoint, or null if it is corrupt or gone (then an older one may be tried). */
-  private async readCheckpoint(key: string): Promise<Checkpoint | null> {
+  private async readCheckpoint(key: string): Promise<CheckpointData | null> {
     try {
       return decodeCheckpoint(await this.store.get(key), key);
     } catch (err) {
@@ -321,8 +345,8 @@ export class Volume implements BlockBackend {
   }
 
   /** Start from checkpoint `c` of this volume. */
-  private resetTo(c: Checkpoint): void {
-    this.committed = mapOfCheckpoint(c);
+  private async resetTo(c: CheckpointData): Promise<void> {
+    this.committed = await mapOfCheckpoint(c, this.size, this.world);
     this.highestTokenSeen = c.token;
     this.lastRecordId = c.lastId;
     this.nextSeq = c.seq + 1;
@@ -339,7 +363,7 @@ export class Volume implements BlockBackend {
     for (const cp of cps) {
       const c = await this.readCheckpoint(cp.key);
       if (!c) continue;
-      const map = mapOfCheckpoint(c);
+      const map = await mapOfCheckpoint(c, this.size, this.world);
       try {
         await this.replayInto(map, id, c.seq, seq, { fence: c.token, lastId: c.lastId });
         return map;
@@ -349,7 +373,7 @@ export class Volume implements BlockBackend {
       }
     }
     const meta = await this.readMeta(id);
-    const map = meta.parent ? await this.ancestorMap(meta.parent.id, meta.parent.seq, depth + 1) : new ExtentMap<Loc>(sliceLoc);
+    const map = meta.parent ? await this.ancestorMap(meta.parent.id, meta.parent.seq, depth + 1) : new ExtentMap<Loc>(sliceLoc, LOC_MAP);
     await this.replayInto(map, id, 0, seq, { fence: 0, lastId: '' });
     return map;
   }
@@ -844,6 +868,7 @@ export class Volume implements BlockBackend {
     this.checkWritable();
     await this.admit();
     this.dirty.set(offset, length, HOLE);
+    this.dirtyBytes += length; // uncommitted work like written bytes (see dirtyBytes)
     this.afterMutation();
     if (fua) await this.flush();
   }
@@ -853,6 +878,7 @@ export class Volume implements BlockBackend {
     // Zeroing is a map operation, always faster than writing: FAST_ZERO never has to refuse.
     await this.admit();
     this.dirty.set(offset, length, o.mayTrim ? HOLE : ZERO);
+    this.dirtyBytes += length;
     this.afterMutation();
     if (o.fua) await this.flush();
   }
@@ -950,7 +976,7 @@ export class Volume implements BlockBackend {
   private seal(): void {
     if (!this.dirty.isEmpty()) {
       this.sealed.push({ map: this.dirty, bytes: this.dirtyBytes });
-      this.dirty = new ExtentMap<Dirty>(sliceDirty);
+      this.dirty = new ExtentMap<Dirty>(sliceDirty, DIRTY_MAP);
       this.dirtyBytes = 0;
       this.arena = Buffer.alloc(0); // sealed buffers keep their chunks alive; new writes start a new one
       this.arenaUsed = 0;
@@ -1153,27 +1179,23 @@ export class Volume implements BlockBackend {
     const since = this.nextSeq - 1 - this.lastCheckpointSeq;
     if (this.checkpointing || (!force && since < Math.max(this.checkpointEvery, Math.floor(this.committed.size / 256)))) return;
     const seq = this.nextSeq - 1;
-    // Serialize now (a consistent snapshot at `seq`), upload in the background.
-    const objects = new Map<string, number>();
-    const sizes: number[] = [];
-    const ext: RecordExtent[] = [];
-    for (const e of this.committed.entries()) {
-      const v = e.value;
-      if (isZero(v)) { ext.push([e.offset, e.length, v.hole ? SRC_HOLE : SRC_ZERO, 0]); continue; }
-      let idx = objects.get(v.key);
-      if (idx === undefined) { idx = objects.size; objects.set(v.key, idx); sizes.push(v.size); }
-      ext.push([e.offset, e.length, idx, v.off]);
-    }
-    const keysInOrder = [...objects.keys()];
-    const cp: Checkpoint = {
-      v: 2, volumeId: this.id, seq, token: this.highestTokenSeen, time: this.world.wallTime().toISOString(),
-      objects: keysInOrder.map((k, i) => [k, sizes[i]!]), extents: ext,
+    // The map as of `seq`, frozen now (synchronously, right after the record at `seq` was
+    // applied) and encoded a chunk at a time while commits go on changing the live map: a
+    // map of millions of extents once held the event loop for seconds here, past lease
+    // renewals. The view copies a region only when a commit changes it.
+    const view = this.committed.freeze();
+    const header = {
+      volumeId: this.id, seq, token: this.highestTokenSeen, time: this.world.wallTime().toISOString(),
       ...(this.lastRecordId !== undefined ? { lastId: this.lastRecordId } : {}),
     };
+    const t0 = this.world.now();
+    const pause = (): Promise<void> => this.world.yield();
     // Create-only, like log records: a stale writer can never replace a checkpoint (see
     // "The log is a chain"). A position's checkpoint is only ever written once by its writer.
-    this.checkpointing = this.store.put(keys.checkpoint(this.id, seq), Buffer.from(JSON.stringify(cp)), { ifNoneMatch: true })
-      .then(() => { this.lastCheckpointSeq = Math.max(this.lastCheckpointSeq, seq); this.log.debug({ seq }, 'checkpoint written'); })
+    this.checkpointing = encodeCheckpoint(header, (fn, p) => walkCheckpoint(view, fn, p), pause)
+      .finally(() => view.close())
+      .then((body) => this.store.put(keys.checkpoint(this.id, seq), body, { ifNoneMatch: true }).then(() => body.length))
+      .then((bytes) => { this.lastCheckpointSeq = Math.max(this.lastCheckpointSeq, seq); this.log.debug({ seq, bytes, extents: view.size, ms: Math.round(this.world.now() - t0) }, 'checkpoint written'); })
       .catch((err) => {
         if (err instanceof PreconditionFailedError) this.log.error({ seq }, 'a checkpoint for this position already exists (another writer\'s?); not replacing it');
         else this.log.warn({ seq, err: errorMessage(err) }, 'checkpoint failed; recovery replays more log');
@@ -1265,7 +1287,8 @@ export class Volume implements BlockBackend {
   stats(): VolumeStats {
     return {
       dirtyBytes: this.dirtyBytes, sealedBytes: this.heldBytes - this.dirtyBytes, commits: this.commits,
-      lastCommitSeq: this.nextSeq - 1, lastFlushAt: this.lastFlushAt, extents: this.committed.size, fenced: this.isFenced,
+      lastCommitSeq: this.nextSeq - 1, lastFlushAt: this.lastFlushAt, extents: this.committed.size,
+      bufferedExtents: this.sealed.reduce((n, l) => n + l.map.size, this.dirty.size), fenced: this.isFenced,
     };
   }
 
@@ -1316,18 +1339,35 @@ function applyRecord(map: ExtentMap<Loc>, volumeSize: number, key: string, h: Lo
   }
 }
 
-function mapOfCheckpoint(c: Checkpoint): ExtentMap<Loc> {
-  const m = new ExtentMap<Loc>(sliceLoc);
-  for (const [off, len, src, srcOff] of c.extents) {
-    if (src === SRC_HOLE) m.set(off, len, HOLE);
-    else if (src === SRC_ZERO) m.set(off, len, ZERO);
+/**
+ * The map a checkpoint holds, built a chunk of extents at a time with the event loop free in
+ * between (other volumes of this host are served while a big one recovers). Its extents are
+ * in volume order, so they are appended (no search per extent).
+ */
+async function mapOfCheckpoint(c: CheckpointData, volumeSize: number, world: World): Promise<ExtentMap<Loc>> {
+  const m = new ExtentMap<Loc>(sliceLoc, LOC_MAP);
+  await c.forEachExtent(volumeSize, (off, len, src, srcOff) => {
+    if (src === SRC_HOLE) m.append(off, len, HOLE);
+    else if (src === SRC_ZERO) m.append(off, len, ZERO);
     else {
-      const o = c.objects[src];
-      if (!o) throw new CorruptError(`checkpoint ${c.seq}: bad object index`);
-      m.set(off, len, { key: o[0], off: srcOff, size: o[1] });
+      const o = c.objects[src]!;
+      m.append(off, len, { key: o[0], off: srcOff, size: o[1] });
+    }
+  }, () => world.yield());
+  return m;
+}
+
+/** A frozen committed map as the checkpoint encoder walks it (format.ts encodeCheckpoint). */
+async function walkCheckpoint(view: FrozenExtentMap<Loc>, fn: (offset: number, length: number, key: string | null, src: number, srcOff: number, objectSize: number) => void, pause: () => Promise<void>): Promise<void> {
+  let n = 0;
+  for (let i = 0; i < view.regionCount; i++) {
+    for (const e of view.region(i)) {
+      const v = e.value;
+      if (isZero(v)) fn(e.offset, e.length, null, v.hole ? SRC_HOLE : SRC_ZERO, 0, 0);
+      else fn(e.offset, e.length, v.key, 0, v.off, v.size);
+      if (++n % CHECKPOINT_CHUNK === 0) await pause();
     }
   }
-  return m;
 }
 
 /** Run `fn` over `items` with at most `limit` in flight; results in input order. */

@@ -31,6 +31,7 @@
 import { InvalidArgumentError, NotFoundError, PreconditionFailedError, StoreUnavailableError, TimeoutError } from '../../src/errors.js';
 import { compareKeys, rangeError, validateKey, validateMetadata, validateRange } from '../../src/store/memory.js';
 import type { ByteRange, ListOptions, ObjectHead, ObjectInfo, ObjectStore, PutOptions } from '../../src/store/object-store.js';
+import { decodeCheckpoint } from '../../src/volume/format.js';
 import type { Proc, Rng, Sim } from './world.js';
 
 export interface StoreFaults {
@@ -90,10 +91,10 @@ export interface StoreStats {
 /** The volume id of a `vol/ID/...` key. */
 function volumeIdOf(key: string): string { return key.split('/')[1] ?? ''; }
 
-/** Who wrote a checkpoint: its token and the record it follows (JSON fields of src/volume/volume.ts's Checkpoint). */
+/** Who wrote a checkpoint: its token and the record it follows (format.ts decodeCheckpoint, any version). */
 function checkpointWriter(body: Buffer): string {
   try {
-    const cp = JSON.parse(body.toString('utf8')) as { token?: number; lastId?: string };
+    const cp = decodeCheckpoint(body, 'checkpoint');
     return `${cp.token}/${cp.lastId}`;
   } catch { return 'unreadable'; }
 }

@@ -9,8 +9,9 @@ import { FencedError, isBatonError } from '../../src/errors.js';
 import { silentLogger } from '../../src/log.js';
 import { FaultyObjectStore, InstrumentedObjectStore, RetryingObjectStore, seededRandom } from '../../src/store/decorators.js';
 import { MemoryObjectStore } from '../../src/store/memory.js';
-import type { ObjectStore } from '../../src/store/object-store.js';
+import { listAll, type ObjectStore } from '../../src/store/object-store.js';
 import { StoreCatalog } from '../../src/volume/catalog.js';
+import { decodeCheckpoint, seqFromKey } from '../../src/volume/format.js';
 import { Volume, type VolumeOptions } from '../../src/volume/volume.js';
 
 const MiB = 1024 * 1024;
@@ -407,4 +408,91 @@ test('a cold sequential reader with many reads in flight is read ahead (one GET 
   t.true(got.equals(data));
   const gets = inst.stats().get.requests;
   t.true(gets <= 40, `32 MiB in ${gets} GETs with 16 reads of 256 KiB in flight (128 would be one per read)`);
+});
+
+test('small sequential writes merge in the write buffer, and 64 MiB of them commits as a few dozen extents', async (t) => {
+  const { open } = await setup(new MemoryObjectStore(), 128 * MiB, { dirtySoftLimit: 512 * MiB, dirtyHardLimit: 1024 * MiB });
+  const v = await open();
+  const block = Buffer.alloc(4096, 7);
+  for (let off = 0; off < 64 * MiB; off += 4096) await v.write(off, block, false);
+  const buffered = v.stats().bufferedExtents;
+  t.true(buffered <= 100, `64 MiB in 4 KiB writes is ${buffered} buffered extents (16,384 unmerged)`);
+  await v.flush();
+  const w = await open();
+  t.true(w.stats().extents <= 40, `committed map of 64 MiB written sequentially: ${w.stats().extents} extents`);
+  same(t, await w.read(0, 64 * MiB), Buffer.alloc(64 * MiB, 7));
+});
+
+test('trims and zeroes count as uncommitted work: past the soft limit they start a commit without any flush', async (t) => {
+  const { open } = await setup(new MemoryObjectStore(), 256 * MiB, { dirtySoftLimit: 1 * MiB });
+  const v = await open();
+  // 20,000 trims of 4 KiB, none adjacent (each its own extent): 80 MB of trimmed range.
+  for (let i = 0; i < 10_000; i++) await v.trim(i * 8192, 4096, false);
+  for (let i = 10_000; i < 20_000; i++) await v.zero(i * 8192, 4096, { fua: false, mayTrim: false, fastZero: false });
+  for (let i = 0; i < 50 && v.stats().commits === 0; i++) await new Promise((r) => setTimeout(r, 10));
+  t.true(v.stats().commits > 0, 'trims past the soft limit started a commit');
+});
+
+test('a checkpoint of a big map is written a chunk at a time: the event loop turns before its put', async (t) => {
+  const mem = new MemoryObjectStore();
+  let ticks = 0;
+  let ticking = false;
+  let ticksAtCheckpoint = -1;
+  const tick = (): void => { ticks++; if (ticking) setImmediate(tick); };
+  const store: ObjectStore = {
+    description: 'observed', get: (k, r) => mem.get(k, r), head: (k) => mem.head(k), list: (p, o) => mem.list(p, o), delete: (k) => mem.delete(k), close: () => mem.close(),
+    put: async (key, body, o) => {
+      if (key.includes('/checkpoint/') && ticking) { ticksAtCheckpoint = ticks; ticking = false; }
+      await mem.put(key, body, o);
+    },
+  };
+  const { open } = await setup(store, 4096 * MiB, { checkpointEvery: 1_000_000 });
+  const v = await open();
+  // 100,000 extents that do not merge (zeroed ranges with gaps between them).
+  for (let i = 0; i < 100_000; i++) await v.zero(i * 8192, 4096, { fua: false, mayTrim: false, fastZero: false });
+  await v.write(0, Buffer.alloc(4096, 1), false);
+  await v.flush();
+  t.true(v.stats().extents >= 100_000);
+  // Count turns of the event loop from the moment a checkpoint is started until its put.
+  ticking = true;
+  setImmediate(tick);
+  (v as unknown as { maybeCheckpoint(force: boolean): void }).maybeCheckpoint(true);
+  for (let i = 0; i < 200 && ticksAtCheckpoint < 0; i++) await new Promise((r) => setTimeout(r, 10));
+  t.true(ticksAtCheckpoint >= 3, `turns of the event loop while 100,000 extents were encoded: ${ticksAtCheckpoint}`);
+  // And the checkpoint is good: a new open recovers the same map from it.
+  const w = await open();
+  t.is(w.stats().extents, v.stats().extents);
+  same(t, await w.read(0, 8192), Buffer.concat([Buffer.alloc(4096, 1), Buffer.alloc(4096)]));
+});
+
+test('checkpoints written as JSON (v2, before the binary format) are still read: a volume whose log they cover recovers from them', async (t) => {
+  const mem = new MemoryObjectStore();
+  const { open } = await setup(mem, 64 * MiB, { checkpointEvery: 1 });
+  const v = await open();
+  // One whole segment (8 MiB) and a zeroed range: the log record holds no data inline, so the
+  // map needs only the checkpoint and the segment.
+  const data = pattern(21, 8 * MiB);
+  await v.write(1 * MiB, data, false);
+  await v.zero(16 * MiB, 1 * MiB, { fua: false, mayTrim: true, fastZero: false });
+  await v.flush();
+  const volId = v.volumeId;
+  let cps: string[] = [];
+  for (let i = 0; i < 100 && cps.length === 0; i++) {
+    await new Promise((r) => setTimeout(r, 10));
+    cps = (await listAll(mem, `vol/${volId}/checkpoint/`)).map((o) => o.key);
+  }
+  const cpKey = cps[cps.length - 1]!;
+  // Rewrite it as the JSON of v2 (what earlier releases wrote), with the same content.
+  const c = decodeCheckpoint(await mem.get(cpKey), cpKey);
+  t.is(c.v, 3);
+  const extents: [number, number, number, number][] = [];
+  await c.forEachExtent(64 * MiB, (o, l, s, so) => { extents.push([o, l, s, so]); }, async () => {});
+  const v2 = { v: 2, volumeId: c.volumeId, seq: c.seq, token: c.token, lastId: c.lastId, time: new Date().toISOString(), objects: c.objects, extents };
+  await mem.delete(cpKey);
+  await mem.put(cpKey, Buffer.from(JSON.stringify(v2)));
+  // The log it covers is gone (as after GC): only the checkpoint can give the map.
+  for (const o of await listAll(mem, `vol/${volId}/log/`)) if (seqFromKey(o.key) <= c.seq) await mem.delete(o.key);
+  const w = await open();
+  same(t, await w.read(1 * MiB, 8 * MiB), data);
+  same(t, await w.read(16 * MiB, 1 * MiB), Buffer.alloc(1 * MiB));
 });
