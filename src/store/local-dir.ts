@@ -5,7 +5,9 @@
  * temp file and fdatasync'ed; then `link(tmp, final)` for a create-only put (atomic, EEXIST is
  * the precondition failure, the same fencing primitive as S3's If-None-Match: *) and the temp
  * name is unlinked at once, or `rename(tmp, final)` for a plain put (atomic replace); then the
- * destination directory is fsync'ed so the new name is durable. Directories are fsync'ed into
+ * destination directory is fsync'ed so the new name is durable (puts into one directory share
+ * that fsync: a put waits for one that started after its link or rename, see #syncDir).
+ * Directories are fsync'ed into
  * their parent when first used by this process. Readers never see a partial object.
  *
  * Temp files, and why they cannot leak: they live in one directory, `DIR/.tmp/` (list() skips
@@ -478,6 +480,49 @@ export class LocalDirObjectStore implements ObjectStore {
     }
   }
 
+  /**
+   * Directory fsyncs shared between puts (group commit): an fsync of a directory makes every
+   * name linked into it before the fsync started durable, so a put whose link came while an
+   * fsync of its directory was running waits for the next one, which starts when that one
+   * ends and serves every put that came meanwhile. 16 segment uploads of a commit into one
+   * directory cost 1-2 directory fsyncs (each an ext4 journal commit) instead of 16: 1 GiB
+   * `nbdcopy --flush` into a `file:` volume took 1.6-2.4 s with one fsync per put and
+   * 1.3-1.5 s with none at all, same run. A failed fsync fails every put that waited for it.
+   */
+  readonly #dirSyncs = new Map<string, { running: Promise<void> | null; next: Promise<void> | null }>();
+
+  #syncDir(dir: string): Promise<void> {
+    let s = this.#dirSyncs.get(dir);
+    if (s === undefined) {
+      s = { running: null, next: null };
+      this.#dirSyncs.set(dir, s);
+    }
+    if (s.running === null) return this.#startDirSync(dir, s);
+    // The running fsync may have started before this put's link: it needs the next one.
+    const state = s;
+    const running = s.running;
+    state.next ??= running.catch(() => {}).then(() => {
+      state.next = null;
+      return this.#startDirSync(dir, state);
+    });
+    return state.next;
+  }
+
+  /** Directory fsyncs issued by puts (see #syncDir). */
+  get dirSyncs(): number { return this.#dirSyncCount; }
+  #dirSyncCount = 0;
+
+  #startDirSync(dir: string, s: { running: Promise<void> | null; next: Promise<void> | null }): Promise<void> {
+    this.#dirSyncCount++;
+    const p: Promise<void> = fsyncDir(dir).finally(() => {
+      if (s.running !== p) return;
+      s.running = null;
+      if (s.next === null && this.#dirSyncs.get(dir) === s) this.#dirSyncs.delete(dir);
+    });
+    s.running = p;
+    return p;
+  }
+
   async #put(key: string, parts: readonly Buffer[], options?: PutOptions): Promise<void> {
     const { dir, dirSegs, file } = this.#paths(key);
     this.#forgetFile(key);
@@ -537,7 +582,7 @@ export class LocalDirObjectStore implements ObjectStore {
             throw err;
           }
         }
-        await fsyncDir(dir);
+        await this.#syncDir(dir);
       } finally {
         // After a failure before the link or rename the temp is garbage.
         if (!tmpGone) await unlink(tmp).catch(() => {});

@@ -157,3 +157,19 @@ test('the kept-files budget is a quarter of the open-file limit, within 64..4096
   t.is(keptFilesBudget(limits('unlimited')), 4096);
   t.is(keptFilesBudget(null), 256, 'no /proc: assume 1024');
 });
+
+test('puts into one directory share its fsyncs (each waits for one that started after its link), and all land', async (t) => {
+  const store = await tempStore(t);
+  await store.put('warm/x', Buffer.from('x')); // the directory chain and .tmp/ made once
+  const before = store.dirSyncs;
+  const bodies = Array.from({ length: 16 }, (_, i) => pattern(100 + i, 64 * 1024));
+  await Promise.all(bodies.map((b, i) => store.put(`vol/v/seg/${i}`, b, { ifNoneMatch: true })));
+  const syncs = store.dirSyncs - before;
+  t.true(syncs >= 1 && syncs <= 8, `16 concurrent puts into one directory fsynced it ${syncs} times (16 before)`);
+  for (let i = 0; i < 16; i++) t.true((await store.get(`vol/v/seg/${i}`)).equals(bodies[i]!));
+  // One at a time, each put still has its own fsync (none is running when it links).
+  const one = store.dirSyncs;
+  await store.put('vol/v/seg/a', Buffer.from('a'));
+  await store.put('vol/v/seg/b', Buffer.from('b'));
+  t.is(store.dirSyncs - one, 2);
+});
