@@ -38,7 +38,7 @@ export async function compactIdleVolumes(catalog: StoreCatalog, exports: VolumeE
       // takeover record, no checkpoint written for nothing).
       try {
         const view = await catalog.openView(rec, catalog.store, true);
-        const c = view.compactionCandidates(opts.below);
+        const c = await view.compactionCandidates(opts.below);
         await view.close();
         if (c.victims.size === 0) { out.push({ name: rec.name, skipped: 'nothing to compact' }); continue; }
       } catch (err) {

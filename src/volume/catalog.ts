@@ -565,7 +565,11 @@ export class StoreCatalog implements VolumeCatalog {
   async listWithAccounting(): Promise<StoreVolumeInfo[]> {
     const infos = await this.list();
     const maps = new Map<string, MappedExtent[]>();
-    await mapLimit(infos, 4, async (v) => { maps.set(v.name, [...(await this.loadMap(v.name)).committedExtents()]); });
+    await mapLimit(infos, 4, async (v) => {
+      const extents: MappedExtent[] = [];
+      await (await this.loadMap(v.name)).forEachCommitted((e) => { extents.push({ offset: e.offset, length: e.length, key: e.key, off: e.off }); });
+      maps.set(v.name, extents);
+    });
     const acc = accountMaps(maps);
     return infos.map((v) => ({ ...v, ...acc.get(v.name) }));
   }

@@ -179,7 +179,7 @@ async function referenceSet(catalog: StoreCatalog, maxOpMs: number, log: Logger 
       throw new Error(`cannot compute what ${rec.name} needs (${errorMessage(err)}); nothing was deleted`);
     }
     for (const k of tracking.read) refs.add(k);
-    for (const e of view.committedExtents()) if (e.key !== null) refs.add(e.key);
+    await view.forEachCommitted((e) => { if (e.key !== null) refs.add(e.key); });
     await view.close();
     // Its id and every ancestor's: their meta records explain the ancestry to rm and to forks.
     refs.add(keys.meta(rec.id));

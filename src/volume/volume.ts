@@ -1219,19 +1219,18 @@ export class Volume implements BlockBackend {
    */
   async compact(opts: { below: number; maxBytes?: number }): Promise<CompactionResult> {
     this.checkWritable();
-    const { victims, objectBytes: victimBytes } = this.compactionCandidates(opts.below);
+    const { victims, objectBytes: victimBytes } = await this.compactionCandidates(opts.below);
     const pieces: { offset: number; length: number; key: string; size: number; off: number }[] = [];
     let planned = 0;
     const maxBytes = opts.maxBytes ?? Infinity;
-    for (const e of this.committed.entries()) {
-      const v = e.value;
-      if (isZero(v) || !victims.has(v.key)) continue;
-      if (planned >= maxBytes) break;
+    await this.forEachCommitted((e) => {
+      if (e.key === null || !victims.has(e.key)) return;
+      if (planned >= maxBytes) return false;
       for (let d = 0; d < e.length; d += 1024 * 1024) {
-        pieces.push({ offset: e.offset + d, length: Math.min(1024 * 1024, e.length - d), key: v.key, size: v.size, off: v.off + d });
+        pieces.push({ offset: e.offset + d, length: Math.min(1024 * 1024, e.length - d), key: e.key, size: e.size, off: e.off + d });
       }
       planned += e.length;
-    }
+    });
     let rewritten = 0;
     await mapLimit(pieces, 8, async (p) => {
       await this.admit();
@@ -1254,15 +1253,14 @@ export class Volume implements BlockBackend {
   }
 
   /** This volume's own objects whose live fraction is below `below` (what compact() would rewrite). */
-  compactionCandidates(below: number): { victims: Set<string>; objectBytes: number; liveBytes: number } {
+  async compactionCandidates(below: number): Promise<{ victims: Set<string>; objectBytes: number; liveBytes: number }> {
     const prefix = keys.volumePrefix(this.id);
     const live = new Map<string, { live: number; size: number }>();
-    for (const e of this.committed.entries()) {
-      const v = e.value;
-      if (isZero(v) || !v.key.startsWith(prefix)) continue;
-      const l = live.get(v.key);
-      if (l) l.live += e.length; else live.set(v.key, { live: e.length, size: v.size });
-    }
+    await this.forEachCommitted((e) => {
+      if (e.key === null || !e.key.startsWith(prefix)) return;
+      const l = live.get(e.key);
+      if (l) l.live += e.length; else live.set(e.key, { live: e.length, size: e.size });
+    });
     const victims = new Set<string>();
     let objectBytes = 0;
     let liveBytes = 0;
@@ -1270,6 +1268,29 @@ export class Volume implements BlockBackend {
       if (size > 0 && n < below * size) { victims.add(key); objectBytes += size; liveBytes += n; }
     }
     return { victims, objectBytes, liveBytes };
+  }
+
+  /**
+   * Every extent of the committed map as it is now, in volume order, a chunk at a time with
+   * the event loop free in between (compaction planning, GC's references and accounting walk
+   * maps of any size this way): the walk reads a frozen view, so commits may go on meanwhile
+   * and it still sees one consistent map. `fn` returning false ends the walk.
+   */
+  async forEachCommitted(fn: (e: { offset: number; length: number; key: string | null; off: number; size: number }) => void | false): Promise<void> {
+    const view = this.committed.freeze();
+    try {
+      let n = 0;
+      for (let i = 0; i < view.regionCount; i++) {
+        for (const e of view.region(i)) {
+          const v = e.value;
+          const go = isZero(v) ? fn({ offset: e.offset, length: e.length, key: null, off: 0, size: 0 }) : fn({ offset: e.offset, length: e.length, key: v.key, off: v.off, size: v.size });
+          if (go === false) return;
+          if (++n % CHECKPOINT_CHUNK === 0) await this.world.yield();
+        }
+      }
+    } finally {
+      view.close();
+    }
   }
 
   /** The committed map (for diff and space accounting): [offset, length, key|null for zeroes, objectOffset]. */

@@ -496,3 +496,20 @@ test('checkpoints written as JSON (v2, before the binary format) are still read:
   same(t, await w.read(1 * MiB, 8 * MiB), data);
   same(t, await w.read(16 * MiB, 1 * MiB), Buffer.alloc(1 * MiB));
 });
+
+test('walks of the whole committed map (compaction planning, GC, accounting) let the event loop turn', async (t) => {
+  const { open } = await setup(new MemoryObjectStore(), 4096 * MiB);
+  const v = await open();
+  for (let i = 0; i < 100_000; i++) await v.zero(i * 8192, 4096, { fua: false, mayTrim: false, fastZero: false });
+  await v.flush();
+  let ticks = 0;
+  let on = true;
+  const tick = (): void => { ticks++; if (on) setImmediate(tick); };
+  setImmediate(tick);
+  let extents = 0;
+  await v.forEachCommitted(() => { extents++; });
+  await v.compactionCandidates(0.5);
+  on = false;
+  t.is(extents, v.stats().extents);
+  t.true(ticks >= 6, `turns of the event loop during two walks of ${extents} extents: ${ticks}`);
+});
