@@ -235,8 +235,8 @@ export interface CheckpointData {
   forEachExtent(volumeSize: number, fn: (offset: number, length: number, src: number, srcOff: number) => void, pause: () => Promise<void>, chunk?: number): Promise<void>;
 }
 
-/** Extents per chunk when checkpoints are written or read (about 5 ms of work each here). */
-export const CHECKPOINT_CHUNK = 20_000;
+/** Extents per chunk when maps are written, read or walked (a few ms of work each here). */
+export const CHECKPOINT_CHUNK = 4_000;
 
 export function decodeCheckpoint(b: Buffer, key: string): CheckpointData {
   if (b.length >= 12 && b.subarray(0, 8).equals(CHECKPOINT_MAGIC)) return decodeCheckpointV3(b, key);

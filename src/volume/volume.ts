@@ -1279,13 +1279,11 @@ export class Volume implements BlockBackend {
   async forEachCommitted(fn: (e: { offset: number; length: number; key: string | null; off: number; size: number }) => void | false): Promise<void> {
     const view = this.committed.freeze();
     try {
-      let n = 0;
-      for (let i = 0; i < view.regionCount; i++) {
-        for (const e of view.region(i)) {
+      for await (const region of view.regions(() => this.world.yield(), CHECKPOINT_CHUNK)) {
+        for (const e of region) {
           const v = e.value;
           const go = isZero(v) ? fn({ offset: e.offset, length: e.length, key: null, off: 0, size: 0 }) : fn({ offset: e.offset, length: e.length, key: v.key, off: v.off, size: v.size });
           if (go === false) return;
-          if (++n % CHECKPOINT_CHUNK === 0) await this.world.yield();
         }
       }
     } finally {
@@ -1380,13 +1378,11 @@ async function mapOfCheckpoint(c: CheckpointData, volumeSize: number, world: Wor
 
 /** A frozen committed map as the checkpoint encoder walks it (format.ts encodeCheckpoint). */
 async function walkCheckpoint(view: FrozenExtentMap<Loc>, fn: (offset: number, length: number, key: string | null, src: number, srcOff: number, objectSize: number) => void, pause: () => Promise<void>): Promise<void> {
-  let n = 0;
-  for (let i = 0; i < view.regionCount; i++) {
-    for (const e of view.region(i)) {
+  for await (const region of view.regions(pause, CHECKPOINT_CHUNK)) {
+    for (const e of region) {
       const v = e.value;
       if (isZero(v)) fn(e.offset, e.length, null, v.hole ? SRC_HOLE : SRC_ZERO, 0, 0);
       else fn(e.offset, e.length, v.key, 0, v.off, v.size);
-      if (++n % CHECKPOINT_CHUNK === 0) await pause();
     }
   }
 }
