@@ -6,6 +6,7 @@
 # volume handoff"). Results land in bench/results/ (table .md, everything .json).
 # fork (fork time on 1 GiB/1 TiB volumes, read latency root vs 50-deep fork): FORK_SIZES, WRITTEN, DEPTH, PASSES.
 # gc (space amplification after a churn workload: stored ÷ live after GC alone and after compaction + GC, GC run times): SIZE, LIVE, CHURN, SEED, BELOW, MAX_OP_MS, RGW, RGW_BELOW.
+# scale (maps of 10k, 1M and 10M extents: memory, checkpoint, recovery, compaction planning, event-loop delay): EXTENTS, DATA_EVERY, FLUSH_EVERY.
 # workspace-forks (three forks of the seed's git + npm workspace on ext4: fork, attach, commit, fsck, store bytes, rm + gc; root): SIZE, RGW, SEED.
 # soak is not in the default list (it runs 10 minutes): SCENARIOS=soak DURATION=10m npm run bench, or
 # node dist/bench/soak.js --duration 10m (root, redis-server, radosgw, fio, nbdfuse; see bench/README.md).
@@ -17,7 +18,7 @@ if ! npx tsc -p .; then
 fi
 failed=()
 export BENCH_STARTED=$(($(date +%s%N) / 1000000))
-for s in ${SCENARIOS:-nbd-throughput volume handoff fork workspace-forks gc}; do
+for s in ${SCENARIOS:-nbd-throughput volume handoff fork workspace-forks gc scale}; do
   if [[ "$s" == volume ]] && { [[ $EUID -ne 0 ]] || ! command -v radosgw >/dev/null; }; then
     # radosgw (scripts/rgw.sh) and losetup/mount for ext4 over nbdfuse.
     echo "bench: skipping volume: it needs root and radosgw (scripts/install-deps.sh)" >&2
@@ -29,6 +30,11 @@ for s in ${SCENARIOS:-nbd-throughput volume handoff fork workspace-forks gc}; do
     continue
   fi
   echo "bench: $s" >&2
+  if [[ "$s" == scale ]]; then
+    # Its memory rows need global.gc; a 10M-extent map needs more than the default old space.
+    node --expose-gc --max-old-space-size=8192 "dist/bench/$s.js" || failed+=("$s")
+    continue
+  fi
   node "dist/bench/$s.js" || failed+=("$s")
 done
 node dist/bench/goals.js
