@@ -256,7 +256,7 @@ withStore(program.command('info')
   .addHelpText('after', '\nExamples:\n  $ baton info work\n  $ baton info work --json')
   .action(async (name: string, opts: StoreFlags & { json?: boolean }) => {
     const c = catalogFor(opts);
-    const v: StoreVolumeInfo = c instanceof StoreCatalog ? (await c.listWithAccounting()).find((x) => x.name === name) ?? await c.info(name) : await c.info(name);
+    const v: StoreVolumeInfo = c instanceof StoreCatalog ? await c.infoWithAccounting(name) : await c.info(name);
     if (opts.json) { printJson(volumeJson(v)); return; }
     const lines = [
       `name:      ${v.name}${v.kind === 'snapshot' ? ' (snapshot, read-only)' : ''}`,

@@ -546,30 +546,69 @@ export class StoreCatalog implements VolumeCatalog {
     return ia.some((x) => ib.includes(x));
   }
 
-  /** A record's id and its ancestors' ids, nearest first (as far as their metas go). */
-  private async lineage(rec: VolumeRecord): Promise<string[]> {
+  /**
+   * A record's id and its ancestors' ids, nearest first (as far as their metas go). `metas`
+   * caches what an ancestor's meta says across calls (many relatives share ancestors).
+   */
+  private async lineage(rec: VolumeRecord, metas = new Map<string, Promise<VolumeRecord | null>>()): Promise<string[]> {
     const ids = [rec.id];
     for (let p = rec.parent?.id; p !== undefined && ids.length <= MAX_ANCESTRY;) {
       ids.push(p);
-      const key = keys.meta(p);
-      const m = await this.opts.store.get(key).then((buf) => decodeVolumeRecord(buf, key), (err) => {
-        if (err instanceof NotFoundError) return null;
-        throw err;
-      });
-      p = m?.parent?.id;
+      const id = p;
+      let m = metas.get(id);
+      if (m === undefined) {
+        const key = keys.meta(id);
+        m = this.opts.store.get(key).then((buf) => decodeVolumeRecord(buf, key), (err) => {
+          if (err instanceof NotFoundError) return null;
+          throw err;
+        });
+        metas.set(id, m);
+      }
+      p = (await m)?.parent?.id;
     }
     return ids;
+  }
+
+  /**
+   * One volume or snapshot with space accounting, from the maps of its relatives only: the
+   * records whose ancestry shares an id with its own (itself included). That is exact, not an
+   * estimate: a map names only objects of the ids in its own ancestry (forks inherit them,
+   * compaction rewrites only a volume's own), so any map sharing an object with this one
+   * shares that object's id with it. Parent links point up, so finding the relatives reads
+   * every record (and the metas of their ancestors); only the relatives' maps are loaded.
+   */
+  async infoWithAccounting(name: string): Promise<StoreVolumeInfo> {
+    const rec = await this.record(name);
+    const metas = new Map<string, Promise<VolumeRecord | null>>();
+    const mine = new Set(await this.lineage(rec, metas));
+    const recs = await this.allRecords();
+    const family = (await mapLimit(recs, 8, async (r) => ((await this.lineage(r, metas)).some((id) => mine.has(id)) ? r : null)))
+      .filter((r): r is VolumeRecord => r !== null);
+    if (!family.some((r) => r.name === rec.name)) family.push(rec);
+    const maps = new Map<string, MappedExtent[]>();
+    await mapLimit(family, 4, async (r) => { maps.set(r.name, await this.mappedExtents(r.name)); });
+    const acc = accountMaps(maps).get(rec.name);
+    const info = await this.describe(rec, rec.snapshot ? await this.recordOrNull(volumeNameOf(name)) : null);
+    return { ...info, ...acc };
+  }
+
+  /** The committed map of a volume or snapshot as plain extents (accounting's input). */
+  private async mappedExtents(name: string): Promise<MappedExtent[]> {
+    const view = await this.loadMap(name);
+    try {
+      const extents: MappedExtent[] = [];
+      await view.forEachCommitted((e) => { extents.push({ offset: e.offset, length: e.length, key: e.key, off: e.off }); });
+      return extents;
+    } finally {
+      await view.close();
+    }
   }
 
   /** Every volume and snapshot with space accounting (loads every map: O(total extents)). */
   async listWithAccounting(): Promise<StoreVolumeInfo[]> {
     const infos = await this.list();
     const maps = new Map<string, MappedExtent[]>();
-    await mapLimit(infos, 4, async (v) => {
-      const extents: MappedExtent[] = [];
-      await (await this.loadMap(v.name)).forEachCommitted((e) => { extents.push({ offset: e.offset, length: e.length, key: e.key, off: e.off }); });
-      maps.set(v.name, extents);
-    });
+    await mapLimit(infos, 4, async (v) => { maps.set(v.name, await this.mappedExtents(v.name)); });
     const acc = accountMaps(maps);
     return infos.map((v) => ({ ...v, ...acc.get(v.name) }));
   }

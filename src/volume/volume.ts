@@ -1365,14 +1365,20 @@ function applyRecord(map: ExtentMap<Loc>, volumeSize: number, key: string, h: Lo
  */
 async function mapOfCheckpoint(c: CheckpointData, volumeSize: number, world: World): Promise<ExtentMap<Loc>> {
   const m = new ExtentMap<Loc>(sliceLoc, LOC_MAP);
-  await c.forEachExtent(volumeSize, (off, len, src, srcOff) => {
-    if (src === SRC_HOLE) m.append(off, len, HOLE);
-    else if (src === SRC_ZERO) m.append(off, len, ZERO);
-    else {
-      const o = c.objects[src]!;
-      m.append(off, len, { key: o[0], off: srcOff, size: o[1] });
-    }
-  }, () => world.yield());
+  try {
+    await c.forEachExtent(volumeSize, (off, len, src, srcOff) => {
+      if (src === SRC_HOLE) m.append(off, len, HOLE);
+      else if (src === SRC_ZERO) m.append(off, len, ZERO);
+      else {
+        const o = c.objects[src]!;
+        m.append(off, len, { key: o[0], off: srcOff, size: o[1] });
+      }
+    }, () => world.yield());
+  } catch (err) {
+    // append refuses extents out of order or overlapping: a checkpoint no writer wrote.
+    if (err instanceof RangeError) throw new CorruptError(`checkpoint ${c.seq} of volume ${c.volumeId}: ${err.message}`);
+    throw err;
+  }
   return m;
 }
 

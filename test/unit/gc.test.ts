@@ -294,3 +294,37 @@ test('two hosts\' runs do not mark the same objects twice (one mark, one DELETE 
   t.is(later.deletedObjects, hostA.markedObjects, 'the one mark deletes each object once');
   t.true((await v.read(0, 2 * MiB)).equals(fill(2 * MiB, 2)));
 });
+
+test('accounting of one volume loads only its relatives\' maps and agrees with accounting over every map', async (t) => {
+  const { catalog, open, store } = setup();
+  for (const name of ['base', 'other']) {
+    await catalog.create(name, 32 * MiB);
+    const v = await open(name);
+    await v.write(0, fill(4 * MiB, 1), false);
+    await v.flush();
+    await v.close();
+  }
+  await catalog.fork('base', 'a');
+  const a = await open('a');
+  await a.write(4 * MiB, fill(2 * MiB, 2), false);
+  await a.flush();
+  await a.close();
+  await catalog.snapshot('base', 's');
+  const all = new Map((await catalog.listWithAccounting()).map((v) => [v.name, v]));
+  // Which volumes' logs a call lists (loading a map lists its log; describing one lists only its prefix).
+  const listed: string[] = [];
+  const list = store.list.bind(store);
+  store.list = (prefix, o) => { if (/\/log\/$/.test(prefix)) listed.push(prefix.split('/')[1]!); return list(prefix, o); };
+  const otherId = (await catalog.record('other')).id;
+  for (const name of ['base', 'a', 'base@s']) {
+    listed.length = 0;
+    const one = await catalog.infoWithAccounting(name);
+    const want = all.get(name)!;
+    t.deepEqual([one.writtenBytes, one.exclusiveBytes, one.sharedBytes], [want.writtenBytes, want.exclusiveBytes, want.sharedBytes], name);
+    t.false(listed.includes(otherId), `info ${name} loaded the unrelated volume's map`);
+  }
+  listed.length = 0;
+  const other = await catalog.infoWithAccounting('other');
+  t.is(other.exclusiveBytes, 4 * MiB);
+  t.deepEqual([...new Set(listed)], [otherId], 'a volume without relatives loads only its own map');
+});
