@@ -6,6 +6,7 @@
 # volume handoff"). Results land in bench/results/ (table .md, everything .json).
 # fork (fork time on 1 GiB/1 TiB volumes, read latency root vs 50-deep fork): FORK_SIZES, WRITTEN, DEPTH, PASSES.
 # gc (space amplification after a churn workload: stored ÷ live after GC alone and after compaction + GC, GC run times): SIZE, LIVE, CHURN, SEED, BELOW, MAX_OP_MS, RGW, RGW_BELOW.
+# fleet (one store with 10, 1,000 and 10,000 volumes: ls, info, serve start-up, attach, GC requests): VOLUMES, WRITTEN_EVERY, MAX_OP_MS.
 # scale (maps of 10k, 1M and 10M extents: memory, checkpoint, recovery, compaction planning, event-loop delay): EXTENTS, DATA_EVERY, FLUSH_EVERY.
 # workspace-forks (three forks of the seed's git + npm workspace on ext4: fork, attach, commit, fsck, store bytes, rm + gc; root): SIZE, RGW, SEED.
 # soak is not in the default list (it runs 10 minutes): SCENARIOS=soak DURATION=10m npm run bench, or
@@ -18,7 +19,7 @@ if ! npx tsc -p .; then
 fi
 failed=()
 export BENCH_STARTED=$(($(date +%s%N) / 1000000))
-for s in ${SCENARIOS:-nbd-throughput volume handoff fork workspace-forks gc scale}; do
+for s in ${SCENARIOS:-nbd-throughput volume handoff fork workspace-forks gc scale fleet}; do
   if [[ "$s" == volume ]] && { [[ $EUID -ne 0 ]] || ! command -v radosgw >/dev/null; }; then
     # radosgw (scripts/rgw.sh) and losetup/mount for ext4 over nbdfuse.
     echo "bench: skipping volume: it needs root and radosgw (scripts/install-deps.sh)" >&2

@@ -19,6 +19,7 @@
 import { BatonError, LeaseLostError, errorMessage } from '../../src/errors.js';
 import type { Lease } from '../../src/lease/lease.js';
 import { collectGarbage } from '../../src/volume/gc.js';
+import { keys } from '../../src/volume/format.js';
 import { StaleTokenError, Volume } from '../../src/volume/volume.js';
 import { BLOCK, Violation, type Session } from './model.js';
 import { M, type Actor, type Live, type Node, type SimRun, type Workload } from './run.js';
@@ -450,6 +451,9 @@ async function create(run: SimRun, node: Node, rng: Rng): Promise<void> {
     await node.proc.sleep(rng.logUniform(100, 10_000));
     try {
       const rec = await run.op(node, `record ${name} (after its create failed)`, () => catalog.record(name));
+      // A create undone too late said "if it is there, remove it": without its id record it is
+      // not used (the verifier removes it); see verify in run.ts.
+      if (!(await run.op(node, `meta of ${name}`, () => catalog.store.head(keys.meta(rec.id))))) return;
       run.live.set(name, { name, vm: run.model.volume(rec.id, name, 'volume', run.config.blocks, null), users: 0, removing: false, unknown: false });
       run.count('adoptedAfterFailedCreate');
       run.note(`  ${name} is there after its create failed (${rec.id}): in use from now on`);

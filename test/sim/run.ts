@@ -735,8 +735,11 @@ export class SimRun {
       if (known?.vm.id === r.id) continue;
       if (known) { this.fail(new Violation('catalog', `${r.name} is ${r.id} in the store, ${known.vm.id} in the model`)); return; }
       // Made by an attempt that failed without an answer: the catalog says such a fork cannot
-      // be trusted against GC ("remove it and make it again"); do that. A plain volume is empty.
-      if (!r.parent && !r.snapshot) {
+      // be trusted against GC ("remove it and make it again"); do that. A plain volume is empty
+      // and used as it is, unless its id record is gone: a create undone too late (its name put
+      // landed after the bound, and the undo's delete met an unreachable key) failed saying "if
+      // it is there, remove it", and GC may have taken the unnamed meta meanwhile (seed 358).
+      if (!r.parent && !r.snapshot && await catalog.store.head(keys.meta(r.id))) {
         this.live.set(r.name, { name: r.name, vm: this.model.volume(r.id, r.name, 'volume', this.config.blocks, null), users: 0, removing: false, unknown: false });
       } else {
         this.note(`verify: removing ${r.name}, made by an attempt that failed without an answer`);
