@@ -361,6 +361,19 @@ test('the segments of one commit start uploading in separate turns of the event 
   t.is(new Set(startedIn).size, startedIn.length, `each segment put started in a turn of its own (turns ${startedIn.join(',')})`);
 });
 
+/** nbdcopy's pattern in small: [0, length) in reads of 256 KiB, 16 in flight, issued in order. */
+async function readSequentially(v: Volume, length: number): Promise<Buffer> {
+  const chunk = 256 * 1024;
+  const inflight: Promise<void>[] = [];
+  const got = Buffer.alloc(length);
+  for (let off = 0; off < length; off += chunk) {
+    inflight.push(v.read(off, chunk).then((b) => { b.copy(got, off); }));
+    if (inflight.length >= 16) await inflight.shift();
+  }
+  await Promise.all(inflight);
+  return got;
+}
+
 test('a cold sequential reader keeps the store busy: GETs of whole objects, many in flight, ahead of the reads', async (t) => {
   const inst = new InstrumentedObjectStore(new FaultyObjectStore(new MemoryObjectStore(), { latencyMs: { get: 5 } }));
   const { open } = await setup(inst, 256 * MiB, {}, 1024 * MiB);
@@ -370,17 +383,9 @@ test('a cold sequential reader keeps the store busy: GETs of whole objects, many
   await w.flush();
   const v = await open(); // a new open: its own, empty block cache
   inst.reset();
-  // nbdcopy's pattern in small: 16 reads of 256 KiB in flight, in order. They span 4 MiB, less
-  // than one 8 MiB segment: without prefetch about one GET was in flight at a time.
-  const chunk = 256 * 1024;
-  const inflight: Promise<void>[] = [];
-  const got = Buffer.alloc(data.length);
-  for (let off = 0; off < data.length; off += chunk) {
-    inflight.push(v.read(off, chunk).then((b) => { b.copy(got, off); }));
-    if (inflight.length >= 16) await inflight.shift();
-  }
-  await Promise.all(inflight);
-  t.true(got.equals(data));
+  // 16 reads of 256 KiB span 4 MiB, less than one 8 MiB segment: without prefetch about one
+  // GET was in flight at a time.
+  t.true((await readSequentially(v, data.length)).equals(data));
   const s = inst.stats();
   t.true(s.maxInFlight >= 8, `at most ${s.maxInFlight} GETs in flight during a cold sequential read`);
   // About one GET per 8 MiB object, and nothing read twice.
@@ -397,15 +402,7 @@ test('a cold sequential reader with many reads in flight is read ahead (one GET 
   await w.flush();
   const v = await open(); // a new open: its own, empty block cache
   inst.reset();
-  const chunk = 256 * 1024;
-  const inflight: Promise<void>[] = [];
-  const got = Buffer.alloc(data.length);
-  for (let off = 0; off < data.length; off += chunk) {
-    inflight.push(v.read(off, chunk).then((b) => { b.copy(got, off); }));
-    if (inflight.length >= 16) await inflight.shift();
-  }
-  await Promise.all(inflight);
-  t.true(got.equals(data));
+  t.true((await readSequentially(v, data.length)).equals(data));
   const gets = inst.stats().get.requests;
   t.true(gets <= 40, `32 MiB in ${gets} GETs with 16 reads of 256 KiB in flight (128 would be one per read)`);
 });
