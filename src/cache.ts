@@ -271,13 +271,10 @@ export class BlockCache {
         const pending = this.inflight.get(id);
         if (pending) { entries.push(null); fetches.push(pending); b++; continue; }
         // A run of missing blocks, extended by readahead (never past the object's end).
-        let runEnd = b;
-        while (runEnd + 1 <= last && !this.index.has(BlockCache.id(key, runEnd + 1)) && !this.inflight.has(BlockCache.id(key, runEnd + 1))) runEnd++;
-        const lastBlock = Math.floor((objectSize - 1) / CACHE_BLOCK);
+        let runEnd = this.extendMissing(key, b, b, last);
         if (runEnd === last && readahead > 0) {
-          const extra = Math.ceil(readahead / CACHE_BLOCK);
-          while (runEnd < lastBlock && runEnd - b + 1 < MAX_FETCH / CACHE_BLOCK && runEnd < last + extra
-            && !this.index.has(BlockCache.id(key, runEnd + 1)) && !this.inflight.has(BlockCache.id(key, runEnd + 1))) runEnd++;
+          const lastBlock = Math.floor((objectSize - 1) / CACHE_BLOCK);
+          runEnd = this.extendMissing(key, b, runEnd, Math.min(lastBlock, last + Math.ceil(readahead / CACHE_BLOCK)), MAX_FETCH / CACHE_BLOCK);
         }
         this.stats.misses += Math.min(runEnd, last) - b + 1;
         const p = this.fetchRun(store, key, objectSize, b, runEnd);
@@ -329,17 +326,29 @@ export class BlockCache {
     const last = Math.floor((end - 1) / CACHE_BLOCK);
     const runs: Promise<Fetched>[] = [];
     for (let b = Math.floor(offset / CACHE_BLOCK); b <= last;) {
-      const id = BlockCache.id(key, b);
-      if (this.index.has(id) || this.inflight.has(id)) { b++; continue; }
-      let runEnd = b;
-      while (runEnd < last && runEnd - b + 1 < MAX_FETCH / CACHE_BLOCK
-        && !this.index.has(BlockCache.id(key, runEnd + 1)) && !this.inflight.has(BlockCache.id(key, runEnd + 1))) runEnd++;
+      if (!this.missing(key, b)) { b++; continue; }
+      const runEnd = this.extendMissing(key, b, b, last, MAX_FETCH / CACHE_BLOCK);
       runs.push(this.fetchRun(store, key, objectSize, b, runEnd));
       b = runEnd + 1;
     }
     let bytes = 0;
     for (const r of await Promise.allSettled(runs)) if (r.status === 'fulfilled') bytes += r.value.data.length;
     return bytes;
+  }
+
+  /** Block `block` of `key` is neither cached nor being fetched. */
+  private missing(key: string, block: number): boolean {
+    const id = BlockCache.id(key, block);
+    return !this.index.has(id) && !this.inflight.has(id);
+  }
+
+  /**
+   * A run of missing blocks that starts at `start` and reaches `end` so far, extended while the
+   * next block is missing, up to block `limit` and `maxBlocks` blocks in all: its last block.
+   */
+  private extendMissing(key: string, start: number, end: number, limit: number, maxBlocks = Infinity): number {
+    while (end < limit && end - start + 1 < maxBlocks && this.missing(key, end + 1)) end++;
+    return end;
   }
 
   /** How many bytes the cache holds at most. */

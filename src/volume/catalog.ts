@@ -588,7 +588,8 @@ export class StoreCatalog implements VolumeCatalog {
     const maps = new Map<string, MappedExtent[]>();
     await mapLimit(family, 4, async (r) => { maps.set(r.name, await this.mappedExtents(r.name)); });
     const acc = accountMaps(maps).get(rec.name);
-    const info = await this.describe(rec, rec.snapshot ? await this.recordOrNull(volumeNameOf(name)) : null);
+    // The volume a snapshot is of is among the records just read: no second GET.
+    const info = await this.describe(rec, rec.snapshot ? recs.find((r) => r.name === volumeNameOf(name)) ?? null : null);
     return { ...info, ...acc };
   }
 

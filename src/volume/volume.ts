@@ -1279,13 +1279,9 @@ export class Volume implements BlockBackend {
   async forEachCommitted(fn: (e: { offset: number; length: number; key: string | null; off: number; size: number }) => void | false): Promise<void> {
     const view = this.committed.freeze();
     try {
-      for await (const region of view.regions(() => this.world.yield(), CHECKPOINT_CHUNK)) {
-        for (const e of region) {
-          const v = e.value;
-          const go = isZero(v) ? fn({ offset: e.offset, length: e.length, key: null, off: 0, size: 0 }) : fn({ offset: e.offset, length: e.length, key: v.key, off: v.off, size: v.size });
-          if (go === false) return;
-        }
-      }
+      await walkFrozen(view, ({ offset, length, value: v }) => (isZero(v)
+        ? fn({ offset, length, key: null, off: 0, size: 0 })
+        : fn({ offset, length, key: v.key, off: v.off, size: v.size })), () => this.world.yield());
     } finally {
       view.close();
     }
@@ -1382,15 +1378,23 @@ async function mapOfCheckpoint(c: CheckpointData, volumeSize: number, world: Wor
   return m;
 }
 
-/** A frozen committed map as the checkpoint encoder walks it (format.ts encodeCheckpoint). */
-async function walkCheckpoint(view: FrozenExtentMap<Loc>, fn: (offset: number, length: number, key: string | null, src: number, srcOff: number, objectSize: number) => void, pause: () => Promise<void>): Promise<void> {
+/**
+ * Every extent of a frozen map in volume order, the event loop free every CHECKPOINT_CHUNK
+ * extents (`pause`); `fn` returning false ends the walk. The one walk of whole maps: the
+ * checkpoint encoder, compaction planning, GC and accounting all go through it.
+ */
+async function walkFrozen(view: FrozenExtentMap<Loc>, fn: (e: { offset: number; length: number; value: Loc }) => void | false, pause: () => Promise<void>): Promise<void> {
   for await (const region of view.regions(pause, CHECKPOINT_CHUNK)) {
-    for (const e of region) {
-      const v = e.value;
-      if (isZero(v)) fn(e.offset, e.length, null, v.hole ? SRC_HOLE : SRC_ZERO, 0, 0);
-      else fn(e.offset, e.length, v.key, 0, v.off, v.size);
-    }
+    for (const e of region) if (fn(e) === false) return;
   }
+}
+
+/** A frozen committed map as the checkpoint encoder walks it (format.ts encodeCheckpoint). */
+function walkCheckpoint(view: FrozenExtentMap<Loc>, fn: (offset: number, length: number, key: string | null, src: number, srcOff: number, objectSize: number) => void, pause: () => Promise<void>): Promise<void> {
+  return walkFrozen(view, ({ offset, length, value: v }) => {
+    if (isZero(v)) fn(offset, length, null, v.hole ? SRC_HOLE : SRC_ZERO, 0, 0);
+    else fn(offset, length, v.key, 0, v.off, v.size);
+  }, pause);
 }
 
 /** Run `fn` over `items` with at most `limit` in flight; results in input order. */
