@@ -17,7 +17,7 @@
  * BATON_MAX_OPERATION_MS is MAX_OP_MS (2000) for everything (GC's fixed point waits M/2; the
  * store records the value and refuses processes with another, so the CLI gets the same).
  *
- * Knobs (environment): VOLUMES (10,1000,10000), WRITTEN_EVERY (100), MAX_OP_MS (2000).
+ * Knobs (environment): VOLUMES (10,1000,10000), WRITTEN_EVERY (100), CHANGED (10), MAX_OP_MS (2000).
  * Results: bench/results/fleet.md and fleet.json.
  */
 
@@ -35,6 +35,7 @@ import { BATON_BIN, MiB, fmt, machineInfo, makeTempDir, markdownTable, runComman
 const VOLUMES = (process.env.VOLUMES || '10,1000,10000').split(',').map((x) => Math.max(1, Math.floor(Number(x))));
 const WRITTEN_EVERY = Math.max(1, Number(process.env.WRITTEN_EVERY || 100));
 const MAX_OP_MS = Math.max(100, Number(process.env.MAX_OP_MS || 2000));
+const CHANGED = Math.max(0, Number(process.env.CHANGED || 10));
 const log = (s: string): void => { process.stderr.write(s + '\n'); };
 
 function rssMiB(pid: number | undefined): number {
@@ -52,9 +53,21 @@ interface FleetResult {
   serveStartS: number;
   serveRssMiB: number;
   attachS: number;
-  gcS: number;
-  gcRequests: Record<string, number>;
+  changed: number;
+  gcFirst: GcRun;
+  gcSecond: GcRun;
 }
+
+interface GcRun {
+  seconds: number;
+  records: number;
+  reused: number;
+  /** Keys all listings returned (an S3 listing is one request per 1,000 keys). */
+  keysListed: number;
+  requests: Record<'get' | 'head' | 'list' | 'put' | 'delete', number>;
+}
+
+const reqs = (g: GcRun): string => `${g.requests.get} / ${g.requests.head} / ${g.requests.list} / ${g.requests.put} / ${g.requests.delete}`;
 
 async function oneFleet(n: number, root: string): Promise<FleetResult> {
   const dir = path.join(root, `f${n}`);
@@ -95,17 +108,35 @@ async function oneFleet(n: number, root: string): Promise<FleetResult> {
   }
   log(`  serve listening after ${serveStartS.toFixed(2)} s (${fmt(serveRssMiB)} MiB RSS); attach ${attachS.toFixed(2)} s`);
 
+  // GC twice: the first run computes every record (and saves its state), then CHANGED volumes
+  // are written, and the second run reads only what changed (src/volume/gc.ts, "Reusing").
   const inst = new InstrumentedObjectStore(openStore(`file:${storeDir}`));
   const gcCatalog = new StoreCatalog({ store: inst, log: silentLogger(), cache: () => BlockCache.open({ capacityBytes: 64 * MiB }), volume: { maxOperationMs: MAX_OP_MS } });
-  const g0 = performance.now();
-  await collectGarbage(gcCatalog, { dryRun: true, graceMs: 2 * MAX_OP_MS, maxOperationMs: MAX_OP_MS });
-  const gcS = (performance.now() - g0) / 1000;
-  const st = inst.stats();
-  const gcRequests = { get: st.get.requests, head: st.head.requests, list: st.list.requests, put: st.put.requests, delete: st.delete.requests };
+  const gcRun = async (): Promise<GcRun> => {
+    inst.reset();
+    const g0 = performance.now();
+    const r = await collectGarbage(gcCatalog, { graceMs: 2 * MAX_OP_MS, maxOperationMs: MAX_OP_MS });
+    const seconds = (performance.now() - g0) / 1000;
+    const st = inst.stats();
+    return {
+      seconds, records: r.records, reused: r.reusedRecords, keysListed: st.list.items,
+      requests: { get: st.get.requests, head: st.head.requests, list: st.list.requests, put: st.put.requests, delete: st.delete.requests },
+    };
+  };
+  const gcFirst = await gcRun();
+  log(`  gc, first run ${gcFirst.seconds.toFixed(1)} s, requests ${JSON.stringify(gcFirst.requests)}`);
+  const changed = Array.from({ length: Math.min(CHANGED, n) }, (_, k) => Math.floor((k * n) / Math.min(CHANGED, n)));
+  for (const i of changed) {
+    const v = (await gcCatalog.open(`v${i}`, { readOnly: false })).backend as Volume;
+    await v.write(2 * MiB, data, false);
+    await v.flush();
+    await v.close();
+  }
+  const gcSecond = await gcRun();
+  log(`  gc, second run after ${changed.length} volumes were written: ${gcSecond.seconds.toFixed(1)} s, ${gcSecond.reused} of ${gcSecond.records} records reused, requests ${JSON.stringify(gcSecond.requests)}`);
   await inst.close();
-  log(`  gc (dry run) ${gcS.toFixed(1)} s, requests ${JSON.stringify(gcRequests)}`);
   fs.rmSync(dir, { recursive: true, force: true });
-  return { volumes: n, createS, lsS, infoS, serveStartS, serveRssMiB, attachS, gcS, gcRequests };
+  return { volumes: n, createS, lsS, infoS, serveStartS, serveRssMiB, attachS, changed: changed.length, gcFirst, gcSecond };
 }
 
 async function main(): Promise<void> {
@@ -122,12 +153,16 @@ async function main(): Promise<void> {
   const L: string[] = [];
   L.push('# fleet: one store, many idle volumes\n');
   L.push(`${new Date(started).toISOString().slice(0, 16).replace('T', ' ')} UTC, ${machine.nproc} cores, node ${machine.node}, baton ${machine.batonCommit ?? '?'}; whole run ${((Date.now() - started) / 1000).toFixed(0)} s.`);
-  L.push(`A \`file:\` store; 1 GiB volumes, one in ${WRITTEN_EVERY} with 1 MiB written and flushed. \`ls\` and \`info\` are the CLI with --json; serve is \`baton serve\` on a Unix socket (time to listening, RSS then), attach is \`nbdinfo\` of one volume on it; GC is one dry run in process (computes what a real run does, deletes nothing), requests counted at the store. BATON_MAX_OPERATION_MS=${MAX_OP_MS}.\n`);
-  L.push(markdownTable(['volumes', 'baton ls, s', 'baton info one, s', 'serve start-up, s', 'serve RSS, MiB', 'attach one, s', 'GC run, s', 'GC requests (get / head / list)'],
-    results.map((r) => [r.volumes.toLocaleString('en-US'), fmt(r.lsS), fmt(r.infoS), fmt(r.serveStartS), fmt(r.serveRssMiB), fmt(r.attachS), fmt(r.gcS),
-      `${r.gcRequests.get} / ${r.gcRequests.head} / ${r.gcRequests.list}`])));
+  L.push(`A \`file:\` store; 1 GiB volumes, one in ${WRITTEN_EVERY} with 1 MiB written and flushed. \`ls\` and \`info\` are the CLI with --json; serve is \`baton serve\` on a Unix socket (time to listening, RSS then), attach is \`nbdinfo\` of one volume on it; GC below. BATON_MAX_OPERATION_MS=${MAX_OP_MS}.\n`);
+  L.push(markdownTable(['volumes', 'baton ls, s', 'baton info one, s', 'serve start-up, s', 'serve RSS, MiB', 'attach one, s'],
+    results.map((r) => [r.volumes.toLocaleString('en-US'), fmt(r.lsS), fmt(r.infoS), fmt(r.serveStartS), fmt(r.serveRssMiB), fmt(r.attachS)])));
+  L.push(`\n### Garbage collection: a first run, then a run after ${CHANGED} volumes were written\n`);
+  L.push('Two real runs (grace 2M) through an instrumented store; requests by kind (get / head / list / put / delete). The first run computes every record\'s map and saves `gc/state`; the second reuses the contribution of every record whose inputs are unchanged in its listing and reads only the written volumes. "keys listed" is what every listing returned: on S3 a listing costs one request per 1,000 keys, so the store-wide listings cost keys/1000 requests there.\n');
+  L.push(markdownTable(['volumes', 'first run, s', 'first run requests', 'second run, s', 'records reused', 'second run requests', 'keys listed (second)', 'S3 list pages at 1,000 keys (second, store-wide)'],
+    results.map((r) => [r.volumes.toLocaleString('en-US'), fmt(r.gcFirst.seconds), reqs(r.gcFirst), fmt(r.gcSecond.seconds), `${r.gcSecond.reused} of ${r.gcSecond.records}`, reqs(r.gcSecond),
+      r.gcSecond.keysListed.toLocaleString('en-US'), String(Math.ceil(r.gcSecond.keysListed / 1000))])));
   L.push('\n```sh\nnode dist/bench/fleet.js   # VOLUMES=10,1000,10000\n```\n');
-  const out = writeResults('fleet', L.join('\n'), { machine, knobs: { VOLUMES, WRITTEN_EVERY, MAX_OP_MS }, results });
+  const out = writeResults('fleet', L.join('\n'), { machine, knobs: { VOLUMES, WRITTEN_EVERY, CHANGED, MAX_OP_MS }, results });
   log(`results: ${out.md}, ${out.json}`);
 }
 

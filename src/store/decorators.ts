@@ -233,7 +233,7 @@ export class RetryingObjectStore implements ObjectStore {
     let deadline = this.#deadline();
     let last: unknown;
     for (;;) {
-      const it = this.next.list(prefix, after !== undefined ? { startAfter: after } : {})[Symbol.asyncIterator]();
+      const it = this.next.list(prefix, { ...options, ...(after !== undefined ? { startAfter: after } : {}) })[Symbol.asyncIterator]();
       let pending = false;
       try {
         for (;;) {

@@ -599,10 +599,10 @@ export class LocalDirObjectStore implements ObjectStore {
     const dirKey = prefix.slice(0, cut + 1);
     const dirSegs = cut < 0 ? [] : prefix.slice(0, cut).split('/');
     if (dirSegs.some((s) => s === '' || s === '.' || s === '..')) return; // no valid key has such a prefix
-    yield* this.#walk(join(this.root, ...dirSegs.map(escapeSegment)), dirKey, prefix, after);
+    yield* this.#walk(join(this.root, ...dirSegs.map(escapeSegment)), dirKey, prefix, after, options?.endAt, options?.etags === true);
   }
 
-  async *#walk(dirPath: string, keyPrefix: string, prefix: string, after: string | undefined): AsyncGenerator<ObjectInfo> {
+  async *#walk(dirPath: string, keyPrefix: string, prefix: string, after: string | undefined, end: string | undefined, etags: boolean): AsyncGenerator<ObjectInfo> {
     let names: Dirent[];
     try {
       names = await readdir(dirPath, { withFileTypes: true });
@@ -632,19 +632,37 @@ export class LocalDirObjectStore implements ObjectStore {
         // Descend only if some key under p can start with prefix and be > after.
         if (!(p.startsWith(prefix) || prefix.startsWith(p))) continue;
         if (after !== undefined && !after.startsWith(p) && compareKeys(p, after) < 0) continue;
-        yield* this.#walk(join(dirPath, e.name), p, prefix, after);
+        if (end !== undefined && compareKeys(p, end) > 0) return; // every key under p sorts after end
+        yield* this.#walk(join(dirPath, e.name), p, prefix, after, end, etags);
       } else {
         if (!p.startsWith(prefix)) continue;
         if (after !== undefined && compareKeys(p, after) <= 0) continue;
-        let st;
-        try {
-          st = await stat(join(dirPath, e.name));
-        } catch (err) {
-          if (errnoOf(err) === 'ENOENT') continue; // deleted since readdir
-          throw this.#ioError('list', p, err);
-        }
-        yield { key: p, size: Math.max(0, st.size - LOCAL_HEADER_SIZE), lastModified: st.mtime };
+        if (end !== undefined && compareKeys(p, end) > 0) return;
+        const info = await this.#info(join(dirPath, e.name), p, etags);
+        if (info) yield info;
       }
+    }
+  }
+
+  /** A listed file's size and time (and etag: its header), or null if it was deleted since readdir. */
+  async #info(file: string, key: string, etag: boolean): Promise<ObjectInfo | null> {
+    try {
+      if (!etag) {
+        const st = await stat(file);
+        return { key, size: Math.max(0, st.size - LOCAL_HEADER_SIZE), lastModified: st.mtime };
+      }
+      const fh = await open(file, 'r');
+      try {
+        const st = await fh.stat();
+        const buf = Buffer.allocUnsafe(LOCAL_HEADER_SIZE);
+        await readFully(fh, buf, 0, `list ${key}`);
+        return { key, size: Math.max(0, st.size - LOCAL_HEADER_SIZE), lastModified: st.mtime, etag: decodeHeader(buf, `list ${key}`).etag };
+      } finally {
+        await fh.close();
+      }
+    } catch (err) {
+      if (errnoOf(err) === 'ENOENT') return null;
+      throw this.#ioError('list', key, err);
     }
   }
 

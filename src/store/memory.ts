@@ -161,8 +161,9 @@ export class MemoryObjectStore implements ObjectStore {
   async *list(prefix: string, options?: ListOptions): AsyncIterable<ObjectInfo> {
     const after = options?.startAfter;
     const keys: string[] = [];
+    const end = options?.endAt;
     for (const k of this.#objects.keys()) {
-      if (k.startsWith(prefix) && (after === undefined || compareKeys(k, after) > 0)) keys.push(k);
+      if (k.startsWith(prefix) && (after === undefined || compareKeys(k, after) > 0) && (end === undefined || compareKeys(k, end) <= 0)) keys.push(k);
     }
     keys.sort(compareKeys);
     for (const key of keys) {
@@ -170,7 +171,7 @@ export class MemoryObjectStore implements ObjectStore {
       // since is skipped rather than reported with stale size.
       const e = this.#objects.get(key);
       if (e === undefined) continue;
-      yield { key, size: e.body.length, lastModified: e.lastModified };
+      yield { key, size: e.body.length, lastModified: e.lastModified, etag: e.etag };
     }
   }
 

@@ -20,10 +20,16 @@ export interface ObjectInfo {
   key: string;
   size: number;
   lastModified: Date;
+  /**
+   * Names the version of the object, as S3's ETag: a new put of the key (even of the same
+   * bytes, on every store but S3, whose ETag of a plain put is the MD5 of its bytes) gets
+   * another. Listings carry it where it costs nothing (S3, memory) or when asked
+   * (ListOptions.etags); absent otherwise.
+   */
+  etag?: string;
 }
 
 export interface ObjectHead extends ObjectInfo {
-  etag?: string;
   metadata: Record<string, string>;
 }
 
@@ -48,6 +54,14 @@ export interface ByteRange {
 export interface ListOptions {
   /** Only keys strictly after this one (S3 StartAfter). */
   startAfter?: string;
+  /**
+   * Keys after this one are not wanted: a store stops there when it can (S3 has no end
+   * bound, so its listing stops at the page that passes it). A store may return more;
+   * callers filter what they use.
+   */
+  endAt?: string;
+  /** Report each object's etag: S3 and memory stores always do; a `file:` store reads each object's header for it. */
+  etags?: boolean;
 }
 
 /**

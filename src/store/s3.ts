@@ -57,7 +57,7 @@ import {
   errorMessage,
 } from '../errors.js';
 import { PUT_ID_META, newPutId } from './decorators.js';
-import { rangeError, validateKey, validateMetadata, validateRange } from './memory.js';
+import { compareKeys, rangeError, validateKey, validateMetadata, validateRange } from './memory.js';
 import type { ByteRange, ListOptions, ObjectHead, ObjectInfo, ObjectStore, PutOptions } from './object-store.js';
 
 export interface S3Credentials {
@@ -474,11 +474,14 @@ export class S3ObjectStore implements ObjectStore {
       } catch (err) {
         throw this.mapError('list', prefix, err);
       }
+      let past = false;
       for (const o of page.Contents ?? []) {
         if (o.Key === undefined) continue;
-        yield { key: o.Key.slice(strip), size: o.Size ?? 0, lastModified: o.LastModified ?? new Date(0) };
+        const key = o.Key.slice(strip);
+        if (options?.endAt !== undefined && compareKeys(key, options.endAt) > 0) { past = true; break; }
+        yield { key, size: o.Size ?? 0, lastModified: o.LastModified ?? new Date(0), ...(o.ETag !== undefined ? { etag: o.ETag } : {}) };
       }
-      if (page.IsTruncated !== true) return;
+      if (past || page.IsTruncated !== true) return;
       // "More follows" without a way to ask for it (or asking again for the same page) would
       // end the listing early or loop: both are a store bug, and a silently partial listing
       // is what GC and fork points must never see.

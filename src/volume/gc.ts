@@ -72,15 +72,53 @@
  * Concurrent runs (two hosts) are safe: each deletion is justified by one old mark and one
  * fresh computation, whoever wrote the mark.
  *
+ * ## Reusing a record's contribution (why a run reads nothing of an unchanged volume)
+ * A record's contribution to R (the keys in R because of it, above) is a function of the
+ * bytes of the record and of the objects its recovery reads, and of what its listings
+ * return. A run notes, per record, every listing its recovery made (prefix, StartAfter, the
+ * end bound, and each key with its etag), every meta read and whether it was there, and the
+ * record's own etag; it saves them with the contribution in `gc/state` (gc-state.ts). The
+ * next run lists `vol/` and `volumes/` with etags anyway, and takes a record's contribution
+ * from the state, reading nothing of it, iff (ListingIndex.unchanged) the record's etag is the
+ * saved one and, in this run's `vol/` listing, every saved listing would return exactly the
+ * same keys with the same etags and every saved meta is there or not as it was.
+ * Why that is the contribution a recovery at this run's listing would compute:
+ * - Recovery is deterministic: which keys it lists next and reads depends only on what it
+ *   listed and read before (the newest checkpoint, the log after it, an ancestor's up to the
+ *   fork point; ReadTrackingStore refuses to vouch for anything else it reads: a head, a
+ *   key no listing of its own returned). So the same answers give the same map and reads.
+ * - The same etag is the same bytes. A key's bytes change only by a delete and a new put
+ *   (objects are immutable), and every store gives a new put a new etag, except S3, whose
+ *   etag of a plain put is the MD5 of its bytes (the same etag, the same bytes). A version
+ *   once gone never comes back with the etag it had: its key is a log position or a
+ *   checkpoint freed by GC (a stale writer's record there has another id, so other bytes), or
+ *   a name made again (a new id). So a version a recovery read between its listing and its
+ *   GET (a key replaced meanwhile) cannot match a later listing under the etag it was listed
+ *   with, and its record is computed again. A meta's bytes are fixed by its key (a random id,
+ *   written once by the attempt that drew it): only its presence is compared.
+ * - Bounds: an ancestor's listings stop at the fork point (endAt), which is all recovery
+ *   uses, so a fork or snapshot whose parent goes on being written keeps its contribution.
+ * - When: the state is matched against this run's `vol/` listing, which is taken before
+ *   anything else (as before), so a reused contribution is the map of its record at that
+ *   listing. Cases 1-6 hold for it as for a map loaded then: commits after the listing name
+ *   only objects not in it (not candidates) or segments for positions after its newest log
+ *   record (kept); forks in creation are found by the fixed point, whose wait starts after
+ *   every load of round 0, the listing included. Records of later rounds are always computed.
+ * A state that cannot be read, or was written for another GC_STATE_VERSION, is ignored (the
+ * run computes every record, as without it); nothing in it is ever trusted without the match
+ * above. Saving it is a plain put after R was computed; a run that fails writes none.
+ *
  * Not covered: a host still serving a volume (read-only) after `baton rm` removed it reads
  * objects GC may delete; removing a volume is the user's decision that nobody needs it.
  */
 
 import { systemWorld, type World } from '../clock.js';
-import { InvalidArgumentError, NotFoundError, errorMessage } from '../errors.js';
+import { CorruptError, InvalidArgumentError, NotFoundError, errorMessage } from '../errors.js';
 import type { Logger } from '../log.js';
 import { listAll, type ByteRange, type ListOptions, type ObjectHead, type ObjectInfo, type ObjectStore} from '../store/object-store.js';
+import { compareKeys } from '../store/memory.js';
 import type { StoreCatalog } from './catalog.js';
+import { GC_STATE_KEY, ListingIndex, decodeGcState, encodeGcState, type Contribution, type ListInput } from './gc-state.js';
 import { decodeVolumeRecord, keys, maxOperationMs, segmentSeq, seqFromKey, timeBounds, type VolumeRecord } from './format.js';
 import { mapLimit } from './volume.js';
 
@@ -103,8 +141,10 @@ export interface GcOptions {
 export interface GcResult {
   dryRun: boolean;
   graceMs: number;
-  /** Volume and snapshot records whose maps were computed. */
+  /** Volume and snapshot records whose maps were computed or reused. */
   records: number;
+  /** Of those, records unchanged since the previous run, whose contribution was reused (nothing of theirs read). */
+  reusedRecords: number;
   /** Everything under vol/ when the run listed it. */
   objects: number;
   storedBytes: number;
@@ -123,17 +163,69 @@ export interface GcResult {
   failedDeletes: number;
 }
 
-/** Records the keys recovery reads, so the reference set is exactly what an opener needs. */
+/**
+ * Records what recovery reads, so that the reference set is exactly what an opener needs,
+ * and what it read it from (every listing with its keys and etags, every meta and whether
+ * it was there), so that a later run can tell the record's contribution is unchanged.
+ */
 class ReadTrackingStore implements ObjectStore {
   readonly read = new Set<string>();
+  readonly lists: ListInput[] = [];
+  readonly metas = new Map<string, boolean>();
+  /** False once something was read that the inputs cannot vouch for (then nothing is reused). */
+  reusable = true;
   constructor(private readonly inner: ObjectStore) {}
   get description(): string { return this.inner.description; }
-  get(key: string, range?: ByteRange): Promise<Buffer> { this.read.add(key); return this.inner.get(key, range); }
-  head(key: string): Promise<ObjectHead | null> { this.read.add(key); return this.inner.head(key); }
-  list(prefix: string, options?: ListOptions): AsyncIterable<ObjectInfo> { return this.inner.list(prefix, options); }
+  async get(key: string, range?: ByteRange): Promise<Buffer> {
+    this.read.add(key);
+    try {
+      const body = await this.inner.get(key, range);
+      if (isMetaKey(key)) this.metas.set(key, true);
+      return body;
+    } catch (err) {
+      if (err instanceof NotFoundError && isMetaKey(key)) this.metas.set(key, false);
+      throw err;
+    }
+  }
+  head(key: string): Promise<ObjectHead | null> {
+    // Recovery never heads; if it ever does, the listing inputs do not cover it.
+    this.read.add(key);
+    this.reusable = false;
+    return this.inner.head(key);
+  }
+  async *list(prefix: string, options?: ListOptions): AsyncIterable<ObjectInfo> {
+    const input: ListInput = { prefix, after: options?.startAfter ?? null, end: options?.endAt ?? null, keys: [] };
+    let complete = false;
+    try {
+      for await (const o of this.inner.list(prefix, { ...options, etags: true })) {
+        // What the caller uses ends at endAt (a store may list further; recovery filters).
+        if (input.end === null || compareKeys(o.key, input.end) <= 0) {
+          if (o.etag === undefined) this.reusable = false; // a store that does not tell versions apart
+          input.keys.push([o.key, o.etag ?? '']);
+        }
+        yield o;
+      }
+      complete = true;
+    } finally {
+      if (complete) this.lists.push(input); else this.reusable = false;
+    }
+  }
   put(): Promise<void> { return Promise.reject(new Error('GC views never write')); }
   delete(): Promise<void> { return Promise.reject(new Error('GC views never delete')); }
   close(): Promise<void> { return Promise.resolve(); }
+
+  /** Every object read is a meta or was listed by this recovery (so its etag is in the inputs). */
+  coversReads(): boolean {
+    if (!this.reusable) return false;
+    const listed = new Set<string>();
+    for (const l of this.lists) for (const [k] of l.keys) listed.add(k);
+    for (const k of this.read) if (!isMetaKey(k) && !listed.has(k)) return false;
+    return true;
+  }
+}
+
+function isMetaKey(key: string): boolean {
+  return /^vol\/[^/]+\/meta$/.test(key);
 }
 
 /** The store's current time: GC compares the store's own lastModified stamps, never this host's clock. */
@@ -144,18 +236,54 @@ async function storeNow(store: ObjectStore, world: World): Promise<number> {
   return h.lastModified.getTime();
 }
 
+/** A record as listed under `volumes/`, and the etag it was listed with (null: the store gave none). */
+interface ListedRecord { rec: VolumeRecord; etag: string | null }
+
+/**
+ * Every record under `volumes/`: one listing, and a GET only for the records whose etag is
+ * not the one the previous run read (a record's bytes never change under one etag; a name
+ * removed and made again is a new put with another etag).
+ */
+async function listRecords(store: ObjectStore, previous: Map<string, Contribution> | null): Promise<ListedRecord[]> {
+  const objs = await listAll(store, keys.volumesPrefix, { etags: true });
+  const recs = await mapLimit(objs, 8, async (o): Promise<ListedRecord | null> => {
+    const prev = previous?.get(o.key.slice(keys.volumesPrefix.length));
+    if (prev !== undefined && o.etag !== undefined && prev.etag === o.etag) return { rec: prev.record, etag: o.etag };
+    try {
+      return { rec: decodeVolumeRecord(await store.get(o.key), o.key), etag: o.etag ?? null };
+    } catch (err) {
+      if (err instanceof NotFoundError) return null; // removed while we listed
+      throw err;
+    }
+  });
+  return recs.filter((r): r is ListedRecord => r !== null);
+}
+
+interface ReferenceSet {
+  refs: Set<string>;
+  records: number;
+  writableIds: Set<string>;
+  /** Every record's contribution that a later run may reuse (see "Reusing a record's contribution"). */
+  contributions: Contribution[];
+  reused: number;
+}
+
 /**
  * The reference set R: every key a live map or its recovery needs. A fork or snapshot in
  * creation read its source's map at some point P and lands its record within M/2; if P came
  * before GC loaded the source, the source may have dropped objects the new record needs, so
  * GC lists the records again M/2 after its last load and computes any new ones, until a
- * listing brings nothing new (a fixed point).
+ * listing brings nothing new (a fixed point). In the first round, a record whose inputs are
+ * unchanged in `listing` (this run's `vol/` listing, taken before) takes its contribution
+ * from the previous run instead of being recovered (gc.ts header).
  */
-async function referenceSet(catalog: StoreCatalog, maxOpMs: number, log: Logger | undefined, world: World): Promise<{ refs: Set<string>; records: number; writableIds: Set<string> }> {
+async function referenceSet(catalog: StoreCatalog, maxOpMs: number, log: Logger | undefined, world: World, listing: ListingIndex, previous: Map<string, Contribution> | null): Promise<ReferenceSet> {
   const bounds = timeBounds(maxOpMs);
   const writableIds = new Set<string>();
   const store = catalog.store;
   const refs = new Set<string>();
+  const contributions: Contribution[] = [];
+  let reused = 0;
   const metas = new Map<string, VolumeRecord | null>();
   const metaOf = async (id: string): Promise<VolumeRecord | null> => {
     if (!metas.has(id)) {
@@ -168,7 +296,15 @@ async function referenceSet(catalog: StoreCatalog, maxOpMs: number, log: Logger 
     return metas.get(id)!;
   };
   const computed = new Set<string>();
-  const addRecord = async (rec: VolumeRecord): Promise<void> => {
+  const addRecord = async ({ rec, etag }: ListedRecord, mayReuse: boolean): Promise<void> => {
+    if (!rec.snapshot) writableIds.add(rec.id);
+    const prev = mayReuse && etag !== null ? previous?.get(rec.name) : undefined;
+    if (prev !== undefined && prev.etag === etag && listing.unchanged(prev)) {
+      for (const k of prev.refs) refs.add(k);
+      contributions.push(prev);
+      reused++;
+      return;
+    }
     const tracking = new ReadTrackingStore(store);
     let view;
     try {
@@ -178,16 +314,22 @@ async function referenceSet(catalog: StoreCatalog, maxOpMs: number, log: Logger 
       if (err instanceof NotFoundError && !(await store.head(keys.volumeRecord(rec.name)))) return;
       throw new Error(`cannot compute what ${rec.name} needs (${errorMessage(err)}); nothing was deleted`);
     }
-    for (const k of tracking.read) refs.add(k);
-    await view.forEachCommitted((e) => { if (e.key !== null) refs.add(e.key); });
+    const mine = new Set<string>(tracking.read);
+    await view.forEachCommitted((e) => { if (e.key !== null) mine.add(e.key); });
     await view.close();
     // Its id and every ancestor's: their meta records explain the ancestry to rm and to forks.
-    refs.add(keys.meta(rec.id));
-    if (!rec.snapshot) writableIds.add(rec.id);
+    mine.add(keys.meta(rec.id));
+    const walked = new Map(tracking.metas);
     let p = rec.parent?.id;
     for (let depth = 0; p && depth < 10_000; depth++) {
-      refs.add(keys.meta(p));
-      p = (await metaOf(p))?.parent?.id;
+      mine.add(keys.meta(p));
+      const m = await metaOf(p);
+      walked.set(keys.meta(p), m !== null);
+      p = m?.parent?.id;
+    }
+    for (const k of mine) refs.add(k);
+    if (etag !== null && tracking.coversReads()) {
+      contributions.push({ name: rec.name, etag, record: rec, lists: tracking.lists, metas: [...walked], refs: [...mine] });
     }
     log?.debug({ volume: rec.name, refs: refs.size }, 'gc: map computed');
   };
@@ -196,13 +338,32 @@ async function referenceSet(catalog: StoreCatalog, maxOpMs: number, log: Logger 
       log?.info({ waitMs: Math.round(bounds.fixedPointWaitMs) }, 'gc: waiting for forks and snapshots in creation');
       await new Promise<void>((r) => { world.setTimeout(r, bounds.fixedPointWaitMs); });
     }
-    const fresh = (await catalog.allRecords()).filter((r) => !computed.has(r.id));
+    const fresh = (await listRecords(store, previous)).filter((r) => !computed.has(r.rec.id));
     if (fresh.length === 0 && round > 0) break;
     if (round >= 20) throw new Error('records keep appearing (forks created non-stop?); try again later; nothing was deleted');
-    for (const r of fresh) computed.add(r.id);
-    await mapLimit(fresh, 4, addRecord);
+    for (const r of fresh) computed.add(r.rec.id);
+    // Reuse only against the listing taken before this round's records were listed (round 0).
+    await mapLimit(fresh, 4, (r) => addRecord(r, round === 0));
   }
-  return { refs, records: computed.size, writableIds };
+  return { refs, records: computed.size, writableIds, contributions, reused };
+}
+
+/** The previous run's contributions, or null (none, another version's, or unreadable: then everything is computed). */
+async function loadState(store: ObjectStore, world: World, log: Logger | undefined): Promise<Map<string, Contribution> | null> {
+  let body: Buffer;
+  try {
+    body = await store.get(GC_STATE_KEY);
+  } catch (err) {
+    if (err instanceof NotFoundError) return null;
+    throw err;
+  }
+  try {
+    return await decodeGcState(body, () => world.yield());
+  } catch (err) {
+    if (!(err instanceof CorruptError)) throw err;
+    log?.warn({ key: GC_STATE_KEY, err: errorMessage(err) }, 'gc: the previous run\'s state is unreadable; computing every record');
+    return null;
+  }
 }
 
 function idOf(key: string): string | null {
@@ -225,10 +386,18 @@ export async function collectGarbage(catalog: StoreCatalog, opts: GcOptions = {}
 
   // List first, then compute the maps: whatever a commit landed before the listing names is
   // then in the maps, and what lands after it is not in the listing, so not a candidate.
-  const objects = await listAll(store, 'vol/');
+  // With etags: the listing is also what a reused contribution is checked against.
+  const objects = await listAll(store, 'vol/', { etags: true });
   const t0 = world.now();
-  const { refs, records, writableIds } = await referenceSet(catalog, m, log, world);
-  log?.info({ records, referenced: refs.size, ms: Math.round(world.now() - t0) }, 'gc: reference set computed');
+  const previous = await loadState(store, world, log);
+  const { refs, records, writableIds, contributions, reused } = await referenceSet(catalog, m, log, world, new ListingIndex(objects), previous);
+  log?.info({ records, reused, referenced: refs.size, ms: Math.round(world.now() - t0) }, 'gc: reference set computed');
+  if (!dryRun) {
+    // A cache for the next run: failing to write it costs that run time, never safety.
+    await encodeGcState(contributions, () => world.yield())
+      .then((body) => store.put(GC_STATE_KEY, body))
+      .catch((err) => log?.warn({ err: errorMessage(err) }, 'gc: could not save this run\'s state; the next run computes every record'));
+  }
 
   const newestLog = new Map<string, string>();
   for (const o of objects) {
@@ -245,7 +414,7 @@ export async function collectGarbage(catalog: StoreCatalog, opts: GcOptions = {}
   }
 
   const result: GcResult = {
-    dryRun, graceMs, records, objects: objects.length, storedBytes: 0, referencedObjects: 0, referencedBytes: 0,
+    dryRun, graceMs, records, reusedRecords: reused, objects: objects.length, storedBytes: 0, referencedObjects: 0, referencedBytes: 0,
     markedObjects: 0, markedBytes: 0, deletedObjects: 0, deletedBytes: 0, youngUnreferenced: 0, awaitingMarkAge: 0, failedDeletes: 0,
   };
   const candidates = new Map<string, number>();

@@ -359,7 +359,9 @@ export class Volume implements BlockBackend {
    */
   private async ancestorMap(id: string, seq: number, depth: number): Promise<ExtentMap<Loc>> {
     if (depth > 10_000) throw new CorruptError(`volume ${this.name}: ancestry deeper than 10000 (a cycle?)`);
-    const cps = (await listAll(this.store, keys.checkpointPrefix(id))).filter((o) => seqFromKey(o.key) <= seq).reverse();
+    // endAt: an ancestor's later checkpoints and records are not wanted (GC's record of what
+    // this recovery read then does not change when the ancestor is written: gc.ts).
+    const cps = (await listAll(this.store, keys.checkpointPrefix(id), { endAt: keys.checkpoint(id, seq) })).filter((o) => seqFromKey(o.key) <= seq).reverse();
     for (const cp of cps) {
       const c = await this.readCheckpoint(cp.key);
       if (!c) continue;
@@ -396,7 +398,10 @@ export class Volume implements BlockBackend {
    */
   private async replayInto(map: ExtentMap<Loc>, id: string, after: number, upTo: number, state: { fence: number; lastId: string | undefined }):
     Promise<{ seq: number; fence: number; lastId: string | undefined; records: number }> {
-    const listed = await listAll(this.store, keys.logPrefix(id), after > 0 ? { startAfter: keys.log(id, after) } : {});
+    const listed = await listAll(this.store, keys.logPrefix(id), {
+      ...(after > 0 ? { startAfter: keys.log(id, after) } : {}),
+      ...(upTo !== Infinity ? { endAt: keys.log(id, upTo) } : {}),
+    });
     const logs = listed.filter((o) => seqFromKey(o.key) <= upTo);
     // Fetch headers with bounded parallelism, check and apply strictly in order.
     const headers = await mapLimit(logs, 16, (o) => this.readLogHeader(o.key, o.size));

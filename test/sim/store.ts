@@ -283,7 +283,7 @@ export class SimStoreServer {
       if (items.length === pageSize) return { items, truncated: true };
       const k = this.sorted[i]!;
       const e = this.objects.get(k)!;
-      items.push({ key: k, size: e.body.length, lastModified: e.lastModified });
+      items.push({ key: k, size: e.body.length, lastModified: e.lastModified, etag: e.etag });
     }
     return { items, truncated: false };
   }
