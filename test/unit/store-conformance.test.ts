@@ -265,6 +265,27 @@ const checks: Record<string, Check> = {
     t.deepEqual(firstTwo, keys.slice(0, 2));
   },
 
+  'list: endAt stops the listing (across pages); etags name versions and match head': async (t, store) => {
+    const keys = Array.from({ length: 2 * S3_PAGE + 3 }, (_, i) => `e/${String(i).padStart(3, '0')}`);
+    for (const k of keys) await store.put(k, Buffer.from(k));
+    await store.put('e0', Buffer.from('outside'));
+    // A store may return keys past endAt (callers filter), but these three stop there.
+    t.deepEqual((await listAll(store, 'e/', { endAt: keys[S3_PAGE + 1]! })).map((o) => o.key), keys.slice(0, S3_PAGE + 2));
+    t.deepEqual((await listAll(store, 'e/', { startAfter: keys[1]!, endAt: keys[4]! })).map((o) => o.key), keys.slice(2, 5));
+    t.deepEqual((await listAll(store, 'e/', { endAt: 'e/' })).map((o) => o.key), []);
+    t.deepEqual((await listAll(store, 'e/', { endAt: 'e/zzz' })).map((o) => o.key), keys);
+    const listed = await listAll(store, 'e/', { etags: true });
+    for (const o of listed) {
+      t.is(typeof o.etag, 'string', `${o.key} listed with an etag`);
+      t.is(o.etag, (await store.head(o.key))!.etag, `${o.key}: the listing's etag is head's`);
+    }
+    // A new put of the same key, even with the same bytes, is another version (S3: other bytes).
+    const before = listed[0]!.etag;
+    await store.delete(keys[0]!);
+    await store.put(keys[0]!, Buffer.from('other bytes'));
+    t.not((await listAll(store, 'e/', { etags: true, endAt: keys[0]! }))[0]!.etag, before);
+  },
+
   'delete is idempotent': async (t, store) => {
     await store.put('d/1', Buffer.from('x'));
     await store.delete('d/1');
