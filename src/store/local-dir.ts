@@ -37,7 +37,7 @@
  * - delete removes emptied directories; a put racing with that rmdir sees ENOENT and retries.
  */
 import { randomBytes } from 'node:crypto';
-import { constants as fsc, readFileSync, readSync, type Dirent } from 'node:fs';
+import { close as fsClose, constants as fsc, fstat as fsFstat, open as fsOpen, read as fsRead, readFileSync, readSync, stat as fsStat, type Dirent, type Stats } from 'node:fs';
 import { link, mkdir, open, readdir, rename, rmdir, stat, unlink, type FileHandle } from 'node:fs/promises';
 import { dirname, join, resolve } from 'node:path';
 import {
@@ -54,6 +54,8 @@ import type { ByteRange, ListOptions, LocalObjects, ObjectHead, ObjectInfo, Obje
 const MAGIC = Buffer.from('BATONOB1', 'latin1');
 export const LOCAL_HEADER_SIZE = 4096;
 const OBJ_SUFFIX = '@';
+/** A listing fetches this many files' stats ahead of the one it yields (#walk). */
+const LIST_AHEAD = 32;
 /** Temp files' directory under the root (see the invariants above). */
 export const TMP_DIR = '.tmp';
 /**
@@ -626,44 +628,77 @@ export class LocalDirObjectStore implements ObjectStore {
       }
     }
     entries.sort((a, b) => compareKeys(a.sortKey, b.sortKey));
+    // The files' stats (or headers) are fetched up to LIST_AHEAD at a time ahead of the one
+    // yielded, in key order: one at a time, a listing of 10,000 objects waited on 10,000
+    // thread-pool round trips in a row.
+    const wanted: typeof entries = [];
     for (const e of entries) {
       const p = e.sortKey;
       if (e.isDir) {
         // Descend only if some key under p can start with prefix and be > after.
         if (!(p.startsWith(prefix) || prefix.startsWith(p))) continue;
         if (after !== undefined && !after.startsWith(p) && compareKeys(p, after) < 0) continue;
-        if (end !== undefined && compareKeys(p, end) > 0) return; // every key under p sorts after end
-        yield* this.#walk(join(dirPath, e.name), p, prefix, after, end, etags);
+        if (end !== undefined && compareKeys(p, end) > 0) break; // every key under p sorts after end
       } else {
         if (!p.startsWith(prefix)) continue;
         if (after !== undefined && compareKeys(p, after) <= 0) continue;
-        if (end !== undefined && compareKeys(p, end) > 0) return;
-        const info = await this.#info(join(dirPath, e.name), p, etags);
-        if (info) yield info;
+        if (end !== undefined && compareKeys(p, end) > 0) break;
       }
+      wanted.push(e);
+    }
+    const ahead = new Map<number, Promise<ObjectInfo | null>>();
+    let started = 0;
+    for (let i = 0; i < wanted.length; i++) {
+      const e = wanted[i]!;
+      if (e.isDir) {
+        yield* this.#walk(join(dirPath, e.name), e.sortKey, prefix, after, end, etags);
+        continue;
+      }
+      for (started = Math.max(started, i); started < wanted.length && started < i + LIST_AHEAD; started++) {
+        const f = wanted[started]!;
+        if (f.isDir) continue;
+        const info = this.#info(join(dirPath, f.name), f.sortKey, etags);
+        info.catch(() => {}); // awaited below, unless the caller stops listing first
+        ahead.set(started, info);
+      }
+      const info = await ahead.get(i)!;
+      ahead.delete(i);
+      if (info) yield info;
     }
   }
 
-  /** A listed file's size and time (and etag: its header), or null if it was deleted since readdir. */
-  async #info(file: string, key: string, etag: boolean): Promise<ObjectInfo | null> {
-    try {
+  /**
+   * A listed file's size and time (and etag: its header), or null if it was deleted since
+   * readdir. Through fs's callback API: a FileHandle per file (fs/promises) cost the main
+   * thread about 100 µs per object, most of a listing of 10,000.
+   */
+  #info(file: string, key: string, etag: boolean): Promise<ObjectInfo | null> {
+    return new Promise<ObjectInfo | null>((resolveInfo, reject) => {
+      const fail = (err: unknown): void => {
+        if (errnoOf(err) === 'ENOENT') resolveInfo(null);
+        else reject(this.#ioError('list', key, err));
+      };
+      const info = (st: Stats, h?: Buffer): ObjectInfo => ({
+        key, size: Math.max(0, st.size - LOCAL_HEADER_SIZE), lastModified: st.mtime, ...(h ? { etag: decodeHeader(h, `list ${key}`).etag } : {}),
+      });
       if (!etag) {
-        const st = await stat(file);
-        return { key, size: Math.max(0, st.size - LOCAL_HEADER_SIZE), lastModified: st.mtime };
+        fsStat(file, (err, st) => { if (err) fail(err); else resolveInfo(info(st)); });
+        return;
       }
-      const fh = await open(file, 'r');
-      try {
-        const st = await fh.stat();
-        const buf = Buffer.allocUnsafe(LOCAL_HEADER_SIZE);
-        await readFully(fh, buf, 0, `list ${key}`);
-        return { key, size: Math.max(0, st.size - LOCAL_HEADER_SIZE), lastModified: st.mtime, etag: decodeHeader(buf, `list ${key}`).etag };
-      } finally {
-        await fh.close();
-      }
-    } catch (err) {
-      if (errnoOf(err) === 'ENOENT') return null;
-      throw this.#ioError('list', key, err);
-    }
+      fsOpen(file, 'r', (err, fd) => {
+        if (err) { fail(err); return; }
+        const done = (e: unknown, v?: ObjectInfo): void => { fsClose(fd, () => { if (e) fail(e); else resolveInfo(v!); }); };
+        fsFstat(fd, (e1, st) => {
+          if (e1) { done(e1); return; }
+          const buf = Buffer.allocUnsafe(LOCAL_HEADER_SIZE);
+          fsRead(fd, buf, 0, LOCAL_HEADER_SIZE, 0, (e2, n) => {
+            if (e2) { done(e2); return; }
+            if (n < LOCAL_HEADER_SIZE) { done(new CorruptError(`list ${key}: file ended early (wanted ${LOCAL_HEADER_SIZE} header bytes)`)); return; }
+            try { done(null, info(st, buf)); } catch (e3) { done(e3); }
+          });
+        });
+      });
+    });
   }
 
   async delete(key: string): Promise<void> {

@@ -15,6 +15,7 @@ import type { Logger } from '../log.js';
 import { listAll, type ObjectStore } from '../store/object-store.js';
 import { checkExportName, checkVolumeName, checkVolumeSize, type OpenVolume, type RemoveResult, type VolumeCatalog, type VolumeInfo } from '../volumes.js';
 import { decodeVolumeRecord, encodeVolumeRecord, keys, maxOperationMs, seqFromKey, timeBounds, type VolumeRecord } from './format.js';
+import { GC_STATE_KEY, decodeGcState } from './gc-state.js';
 import { mapLimit, Volume, type VolumeOptions } from './volume.js';
 
 export interface StoreCatalogOptions {
@@ -547,8 +548,33 @@ export class StoreCatalog implements VolumeCatalog {
   }
 
   /**
+   * Every record under `volumes/` as of one listing, reading only the records garbage
+   * collection has not already read: the bytes of a record the last GC run read under the
+   * same etag are in its state (`gc/state`, gc-state.ts; an etag names one version's bytes,
+   * and a name made again is a new put with another etag). Without a usable state, every
+   * record is read as allRecords does. The listing and the state's GET go out together.
+   */
+  async allRecordsKnown(): Promise<VolumeRecord[]> {
+    const [objs, known] = await Promise.all([
+      listAll(this.opts.store, keys.volumesPrefix, { etags: true }),
+      // Any trouble with the state (none yet, unreadable, another version) only costs GETs.
+      this.opts.store.get(GC_STATE_KEY).then((b) => decodeGcState(b, () => this.world.yield())).catch(() => null),
+    ]);
+    const recs = await mapLimit(objs, 8, async (o) => {
+      const k = known?.get(o.key.slice(keys.volumesPrefix.length));
+      if (k !== undefined && o.etag !== undefined && k.etag === o.etag) return k.record;
+      return this.opts.store.get(o.key).then((b) => decodeVolumeRecord(b, o.key), (err) => {
+        if (err instanceof NotFoundError) return null; // removed while we listed
+        throw err;
+      });
+    });
+    return recs.filter((r): r is VolumeRecord => r !== null);
+  }
+
+  /**
    * A record's id and its ancestors' ids, nearest first (as far as their metas go). `metas`
-   * caches what an ancestor's meta says across calls (many relatives share ancestors).
+   * caches what an ancestor's meta says across calls (many relatives share ancestors); an
+   * ancestor that still has a record needs no meta read (the meta is a copy of the record).
    */
   private async lineage(rec: VolumeRecord, metas = new Map<string, Promise<VolumeRecord | null>>()): Promise<string[]> {
     const ids = [rec.id];
@@ -574,19 +600,21 @@ export class StoreCatalog implements VolumeCatalog {
    * records whose ancestry shares an id with its own (itself included). That is exact, not an
    * estimate: a map names only objects of the ids in its own ancestry (forks inherit them,
    * compaction rewrites only a volume's own), so any map sharing an object with this one
-   * shares that object's id with it. Parent links point up, so finding the relatives reads
-   * every record (and the metas of their ancestors); only the relatives' maps are loaded.
+   * shares that object's id with it. Parent links point up, so finding the relatives takes
+   * every record: one listing, and the records GC's state does not already hold
+   * (allRecordsKnown); ancestors are followed through the records, and through metas only
+   * where a record is gone. Only the relatives' maps are loaded.
    */
   async infoWithAccounting(name: string): Promise<StoreVolumeInfo> {
     const rec = await this.record(name);
-    const metas = new Map<string, Promise<VolumeRecord | null>>();
+    const recs = await this.allRecordsKnown();
+    const metas = new Map<string, Promise<VolumeRecord | null>>(recs.map((r) => [r.id, Promise.resolve(r)]));
     const mine = new Set(await this.lineage(rec, metas));
-    const recs = await this.allRecords();
     const family = (await mapLimit(recs, 8, async (r) => ((await this.lineage(r, metas)).some((id) => mine.has(id)) ? r : null)))
       .filter((r): r is VolumeRecord => r !== null);
     if (!family.some((r) => r.name === rec.name)) family.push(rec);
     const maps = new Map<string, MappedExtent[]>();
-    await mapLimit(family, 4, async (r) => { maps.set(r.name, await this.mappedExtents(r.name)); });
+    await mapLimit(family, 4, async (r) => { maps.set(r.name, await this.mappedExtents(r)); });
     const acc = accountMaps(maps).get(rec.name);
     // The volume a snapshot is of is among the records just read: no second GET.
     const info = await this.describe(rec, rec.snapshot ? recs.find((r) => r.name === volumeNameOf(name)) ?? null : null);
@@ -594,8 +622,8 @@ export class StoreCatalog implements VolumeCatalog {
   }
 
   /** The committed map of a volume or snapshot as plain extents (accounting's input). */
-  private async mappedExtents(name: string): Promise<MappedExtent[]> {
-    const view = await this.loadMap(name);
+  private async mappedExtents(rec: VolumeRecord): Promise<MappedExtent[]> {
+    const view = await this.openView(rec);
     try {
       const extents: MappedExtent[] = [];
       await view.forEachCommitted((e) => { extents.push({ offset: e.offset, length: e.length, key: e.key, off: e.off }); });
@@ -609,7 +637,7 @@ export class StoreCatalog implements VolumeCatalog {
   async listWithAccounting(): Promise<StoreVolumeInfo[]> {
     const infos = await this.list();
     const maps = new Map<string, MappedExtent[]>();
-    await mapLimit(infos, 4, async (v) => { maps.set(v.name, await this.mappedExtents(v.name)); });
+    await mapLimit(infos, 4, async (v) => { maps.set(v.name, await this.mappedExtents(await this.record(v.name))); });
     const acc = accountMaps(maps);
     return infos.map((v) => ({ ...v, ...acc.get(v.name) }));
   }

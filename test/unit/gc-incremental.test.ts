@@ -198,3 +198,21 @@ test('the state round-trips, sharing keys between records, and a damaged one is 
   await t.throwsAsync(decodeGcState(body.subarray(0, body.length - 40), async () => {}), { code: 'BATON_ERR_CORRUPT' });
   await t.throwsAsync(decodeGcState(Buffer.from('not json\n'), async () => {}), { code: 'BATON_ERR_CORRUPT' });
 });
+
+test('info with accounting reads no record of an unrelated volume once GC has run, and follows a record made again since', async (t) => {
+  const s = setup();
+  await fleet(s, 8);
+  await s.gc();
+  // v3 is removed and made again after the GC run: its record's etag is not the state's.
+  await s.catalog.remove('v3');
+  await s.catalog.create('v3', 16 * MiB);
+  const from = s.store.requests.length;
+  const info = await s.catalog.infoWithAccounting('v1');
+  const gets = s.store.requests.slice(from).filter((q) => q.startsWith('get volumes/') || q.startsWith('get vol/') && q.endsWith('/meta'));
+  t.deepEqual(gets.sort(), ['get volumes/v1', 'get volumes/v3'], 'its own record (by name) and the one made since the GC run');
+  t.is(info.name, 'v1');
+  t.true(info.sharedBytes! > 0, 'the fork f1 shares its data');
+  // The same numbers as accounting over every map.
+  const all = (await s.catalog.listWithAccounting()).find((v) => v.name === 'v1')!;
+  t.deepEqual([info.writtenBytes, info.exclusiveBytes, info.sharedBytes], [all.writtenBytes, all.exclusiveBytes, all.sharedBytes]);
+});
