@@ -541,6 +541,8 @@ export async function gcActor(run: SimRun, node: Node): Promise<void> {
       const r = await run.op(node, 'gc', () => collectGarbage(catalog, { graceMs: run.config.graceMs, maxOperationMs: M, world: node.proc }));
       run.count('gcRuns');
       run.count('gcDeleted', r.deletedObjects);
+      run.count('gcRecords', r.records);
+      run.count('gcRecordsReused', r.reusedRecords);
       if (r.deletedObjects) run.note(`  gc deleted ${r.deletedObjects}, marked ${r.markedObjects}`);
     } catch (err) {
       // "cannot compute what X needs (...); nothing was deleted": a store error while it looked.

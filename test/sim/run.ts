@@ -756,6 +756,7 @@ export class SimRun {
         });
         if (!g) return;
         this.count('gcFinalDeleted', g.deletedObjects);
+        this.count('gcFinalReused', g.reusedRecords);
         await proc.sleep(this.config.graceMs + 1);
       }
     }
