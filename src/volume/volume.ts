@@ -9,6 +9,8 @@
  *   segment's data inline) is the commit point. Only after the store acknowledged that put
  *   does the flush resolve. A small flush is therefore a single store round trip.
  * - Flushes that arrive while a commit is running share the next commit (group commit).
+ *   Commits are pipelined: while one publishes its record (or finishes its last uploads),
+ *   the next may seal and upload (see "Pipelined commits" at commit()).
  * - A failed commit keeps every sealed overlay; the next commit includes them, so dirty data
  *   is never dropped and a later flush can never succeed without it ("fsyncgate").
  * - The committed extent map (cow/) says which object and offset holds each byte. Reads
@@ -88,6 +90,17 @@ const DIRTY_MAP = { join: joinDirty };
 interface Sealed {
   map: ExtentMap<Dirty>;
   bytes: number;
+  /**
+   * The attempt committing this layer, if any. Attempts are made for the oldest layer that
+   * has none, and an attempt that does not land takes every later one with it (dropAfter),
+   * so the layers with attempts are always a prefix of `sealed`, in log order.
+   */
+  attempt?: CommitAttempt | undefined;
+}
+
+/** One run of commit() (startCommit): the attempts it publishes, and its outcome for flushes. */
+interface CommitRun {
+  done: Promise<void> | null;
 }
 
 /**
@@ -110,10 +123,23 @@ interface CommitAttempt {
   body: Buffer;
   dataStart: number;
   segments: { key: string; size: number; body?: Buffer; parts: Buffer[] }[];
-  /** The sealed layer it commits: always this.sealed[0] while the attempt lives. */
+  /** The sealed layer it commits (its `attempt` while this attempt lives; sealed[0] when it publishes). */
   layer: Sealed;
   state: 'packed' | 'uploaded' | 'ambiguous';
+  /** The attempt at seq - 1 still in flight when this one was packed (it must land first), if any. */
+  after: CommitAttempt | null;
+  /** Resolves when this attempt's record landed; rejects when it will not (the attempts after it are dropped). */
+  landed: Deferred;
+  /** The run publishing it; null for an ambiguous attempt whose run ended (the next run takes it over). */
+  owner: CommitRun | null;
+  /** Dropped from its layer before it could publish (an earlier attempt did not land, or its upload failed). */
+  dropped: boolean;
+  /** Why: the error of the attempt that did not land (its run's flushes fail with it). */
+  droppedBy?: unknown;
 }
+
+/** Commits in flight at once: one publishing its record while the next seals and uploads. */
+const PIPELINE_DEPTH = 2;
 
 export interface VolumeOptions {
   store: ObjectStore;
@@ -211,10 +237,13 @@ export class Volume implements BlockBackend {
   private lastCheckpointSeq = 0;
   /** The checkpoint upload in progress, if any (one at a time). */
   private checkpointing: Promise<void> | null = null;
-  private commitRunning: Promise<void> | null = null;
+  /** Runs of commit() in flight (at most PIPELINE_DEPTH). */
+  private readonly runs = new Set<Promise<void>>();
+  /** Flushes (and background kicks) waiting for a commit to start once a run ends. */
   private nextCommit: Deferred | null = null;
-  /** The commit attempt whose put failed without an answer; published again before anything else. */
-  private ambiguous: CommitAttempt | null = null;
+  /** Segment uploads in flight over all attempts (at most uploadConcurrency), and the ones waiting, oldest attempt first. */
+  private uploadsInFlight = 0;
+  private readonly uploadWaiters: (() => void)[] = [];
   /**
    * The id of the log record at nextSeq - 1 as this volume applied it ('' before a volume's
    * first record; undefined when unknown: v1 records and checkpoints). See "The log is a chain".
@@ -473,6 +502,7 @@ export class Volume implements BlockBackend {
    *   confirmed only once no record sits above it (below), else we reload and go again.
    */
   async takeover(token: number): Promise<void> {
+    assert(this.runs.size === 0 && this.sealed.length === 0, 'a takeover is the first write of a writer: no commit in flight');
     for (let attempt = 0; attempt < 20; attempt++) {
       if (token <= this.highestTokenSeen) {
         throw new StaleTokenError(this.highestTokenSeen, `token ${token} is not above the log's ${this.highestTokenSeen}`);
@@ -514,11 +544,11 @@ export class Volume implements BlockBackend {
   }
 
   /** A v2 header at `seq`, chained to the record this volume applied before it. */
-  private newHeader(kind: LogHeader['kind'], seq: number, token: number, segments: LogHeader['segments'], extents: RecordExtent[], inlineLength: number): LogHeader {
-    assert(seq === this.nextSeq, `header for position ${seq} while the log is at ${this.nextSeq}`);
+  private newHeader(kind: LogHeader['kind'], seq: number, token: number, segments: LogHeader['segments'], extents: RecordExtent[], inlineLength: number, after: CommitAttempt | null = null): LogHeader {
+    assert(seq === (after ? after.seq + 1 : this.nextSeq), `header for position ${seq} while the log is at ${this.nextSeq}${after ? ` and an attempt for ${after.seq} is in flight` : ''}`);
     return {
       v: 2, kind, seq, volumeId: this.id, token, time: this.world.wallTime().toISOString(), segments, extents, inlineLength,
-      id: randomId(this.world, 12), prev: this.lastRecordId ?? '',
+      id: randomId(this.world, 12), prev: after ? after.id : this.lastRecordId ?? '',
     };
   }
 
@@ -892,23 +922,37 @@ export class Volume implements BlockBackend {
     if (this.heldBytes >= this.softLimit) this.kickCommit();
   }
 
-  /** Start a background commit if none is running, or make sure one follows the running one. */
+  /**
+   * Start a background commit, or make sure one follows the running ones. While a run is in
+   * flight, a second one starts only once the soft limit is dirty again (or writers wait
+   * at the hard limit): a commit per write would make records of a few KiB.
+   */
   private kickCommit(): void {
     if (this.fencedError || this.closed) return;
-    if (!this.commitRunning) void this.startCommit().catch((err) => this.log.warn({ err: errorMessage(err) }, 'background commit failed; data stays dirty'));
+    const start = this.runs.size === 0
+      || (this.runs.size < PIPELINE_DEPTH && (this.dirtyBytes >= this.softLimit || this.writeWaiters.length > 0));
+    if (start) void this.startCommit().catch((err) => this.log.warn({ err: errorMessage(err) }, 'background commit failed; data stays dirty'));
     else if (!this.nextCommit) this.nextCommit = deferred();
   }
 
   // ------------------------------------------------------------------ flush / commit
 
+  /**
+   * Resolves once everything written before the call is in the log (and vouched for). If
+   * nothing was written since the last commit started, that is the newest attempt in flight
+   * (attempts land in log order, and one that does not land fails the ones after it);
+   * otherwise a commit that seals now, started at once or as soon as a run ends.
+   */
   async flush(): Promise<void> {
     if (this.fencedError) throw this.fencedError;
     if (this.readOnly) return;
-    if (!this.commitRunning) {
-      if (this.dirty.isEmpty() && this.sealed.length === 0) return;
-      return this.startCommit();
+    if (this.dirty.isEmpty()) {
+      const newest = this.sealed[this.sealed.length - 1];
+      if (newest === undefined) return;
+      const run = newest.attempt?.owner;
+      if (run?.done) return run.done;
     }
-    // The running commit sealed before this call: this flush needs the next commit.
+    if (this.runs.size < PIPELINE_DEPTH) return this.startCommit();
     if (!this.nextCommit) this.nextCommit = deferred();
     return this.nextCommit.promise;
   }
@@ -923,7 +967,7 @@ export class Volume implements BlockBackend {
   private retryDelayMs = 0;
 
   private scheduleRetry(): void {
-    if (this.retryTimer || this.closed || this.fencedError || this.commitRunning) return;
+    if (this.retryTimer || this.closed || this.fencedError || this.runs.size > 0) return;
     if (this.writeWaiters.length === 0 && this.heldBytes < this.softLimit) return;
     this.retryDelayMs = Math.min(Math.max(this.retryDelayMs * 2, 500), 30_000);
     // Not unref'd: buffered data that must still land keeps the process alive.
@@ -931,52 +975,116 @@ export class Volume implements BlockBackend {
   }
 
   private startCommit(): Promise<void> {
-    const p = this.commit().then(
+    const run: CommitRun = { done: null };
+    const p = this.commit(run).then(
       () => { this.retryDelayMs = 0; },
       (err: unknown) => { void this.world.yield().then(() => this.scheduleRetry()); throw err; },
     ).finally(() => {
-      this.commitRunning = null;
+      this.runs.delete(p);
+      // An ambiguous attempt this run leaves behind is taken over by the next run.
+      for (const l of this.sealed) if (l.attempt?.owner === run) l.attempt.owner = null;
       this.wakeWriters();
       const next = this.nextCommit;
-      this.nextCommit = null;
       if (!next) return;
-      if (this.fencedError) next.reject(this.fencedError);
-      else if (this.dirty.isEmpty() && this.sealed.length === 0) next.resolve();
-      else this.startCommit().then(next.resolve, next.reject);
+      this.nextCommit = null;
+      // Whatever the waiters wrote is dirty or in a layer: flush() commits or waits for it.
+      this.flush().then(next.resolve, next.reject);
     });
-    this.commitRunning = p;
+    run.done = p;
+    this.runs.add(p);
     return p;
   }
 
   /**
-   * One commit: seal, then resolve an ambiguous earlier attempt, then pack, upload and
-   * publish the oldest sealed layer. Whatever fails, every sealed byte stays buffered (and
-   * readable) for the next commit; an acknowledged flush therefore never lacks data that
-   * was written before it ("fsyncgate").
+   * One run: seal, then publish (in log order) an ambiguous earlier attempt nobody is
+   * publishing, and an attempt for the newest layer if it has none.
+   *
+   * ## Pipelined commits
+   * Up to PIPELINE_DEPTH runs are in flight. A run's attempt is packed for the position after
+   * the newest attempt in flight (`after`), chained to its record id, and uploads at once
+   * (segment uploads of all attempts share uploadConcurrency, oldest attempt first); it
+   * publishes only once `after` landed. So records still land one position at a time, each
+   * naming the one before it, exactly as without pipelining: recovery, fencing and the chain
+   * ("The log is a chain") see no difference. What an attempt in flight may do:
+   * - land: its layer leaves `sealed`, and the next attempt publishes;
+   * - not land (upload failed, fenced): it and every attempt after it are dropped from their
+   *   layers (dropAfter), which merge again at the next seal; those runs fail (EIO to their
+   *   flushes) and the data stays buffered for the next commit;
+   * - become ambiguous: it stays on its layer (the oldest) to be published again byte for
+   *   byte before anything else, and the attempts after it are dropped: they were chained
+   *   to it, and a new body is never put at a position an earlier attempt may have taken.
+   * A dropped attempt's segments are named for a position no record of it will take: the
+   * log passes it by, and GC collects them like those of any failed commit (gc.ts case 3).
    */
-  private async commit(): Promise<void> {
+  private async commit(run: CommitRun): Promise<void> {
     this.seal();
     if (this.sealed.length === 0) return;
     this.checkDeadline();
-    if (this.ambiguous) {
-      await this.publish(this.ambiguous);
-      this.log.info({ seq: this.nextSeq - 1 }, 'an earlier commit whose reply was lost is in the log');
-      this.vouch(); // (simulator F7: this path once returned below without it)
+    const work: CommitAttempt[] = [];
+    const oldest = this.sealed[0]!.attempt;
+    if (oldest?.state === 'ambiguous' && oldest.owner === null) {
+      oldest.owner = run;
+      oldest.landed = deferred();
+      oldest.after = null;
+      work.push(oldest);
     }
-    if (this.sealed.length === 0) return;
-    this.checkDeadline();
-    const attempt = this.pack(this.sealed[0]!);
-    await this.upload(attempt);
-    await this.publish(attempt);
-    this.vouch();
-    this.log.debug({ seq: attempt.seq, segments: attempt.segments.length, inline: attempt.header.inlineLength, extents: attempt.header.extents.length }, 'committed');
+    const newest = this.sealed[this.sealed.length - 1]!;
+    if (newest.attempt === undefined) {
+      const ahead = this.sealed.length > 1 ? this.sealed[this.sealed.length - 2]!.attempt ?? null : null;
+      const a = this.pack(newest, ahead, run);
+      newest.attempt = a;
+      work.push(a);
+    }
+    let i = 0;
+    try {
+      for (; i < work.length; i++) {
+        const a = work[i]!;
+        if (a.state === 'packed') await this.upload(a);
+        // Dropped while it uploaded, or its predecessor will not land (which drops `a` too).
+        if (a.dropped) throw a.droppedBy;
+        if (a.after) await a.after.landed.promise;
+        if (a.dropped) throw a.droppedBy;
+        if (this.fencedError) throw this.fencedError;
+        await this.publish(a);
+        a.landed.resolve();
+        this.vouch();
+      }
+    } catch (err) {
+      // The first attempt of this run that has not landed (or we do not know) leaves its
+      // layer with every attempt after it, or only those if it is ambiguous (kept whole for
+      // its next try). Also when the run ends early (vouch): never leave one hanging, an
+      // attempt of the next run waits for it to land.
+      const a = work.slice(i).find((x) => x.layer.attempt === x && !x.dropped);
+      if (a) this.dropAfter(a, a.state === 'ambiguous', err);
+      throw err;
+    }
+    if (work.length > 0) this.log.debug({ seq: work[work.length - 1]!.seq, attempts: work.length }, 'committed');
   }
 
   /**
-   * Close the dirty overlay for writing and keep at most two sealed layers: the layer of an
-   * ambiguous attempt (fixed: it must be published again byte for byte) and one layer with
-   * everything else, newer writes merged over older ones. So reads cost the same after any
-   * number of failed commits (a layer per failure made reads recurse once per layer).
+   * Attempt `a` did not land: drop it (unless `keep`: an ambiguous one stays on its layer)
+   * and every attempt after it, which were chained to it; their runs fail at their wait.
+   */
+  private dropAfter(a: CommitAttempt, keep: boolean, err: unknown): void {
+    const i = this.sealed.indexOf(a.layer);
+    assert(i >= 0, 'an attempt in flight is on a sealed layer');
+    for (let k = keep ? i + 1 : i; k < this.sealed.length; k++) {
+      const x = this.sealed[k]!.attempt;
+      if (x === undefined) continue;
+      x.dropped = true;
+      x.droppedBy = err;
+      this.sealed[k]!.attempt = undefined;
+      if (x !== a) x.landed.reject(err);
+    }
+    a.landed.reject(err);
+  }
+
+  /**
+   * Close the dirty overlay for writing. Layers without an attempt (a new one, and those
+   * whose attempts were dropped) are a suffix of `sealed`: merge them into the oldest of them,
+   * newer writes over older ones. So at most PIPELINE_DEPTH + 1 layers carry attempts (the
+   * runs' and an ambiguous one waiting for the next run) and one more has none, whatever
+   * number of commits failed: reads recurse through a bounded number of layers.
    */
   private seal(): void {
     if (!this.dirty.isEmpty()) {
@@ -986,26 +1094,26 @@ export class Volume implements BlockBackend {
       this.arena = Buffer.alloc(0); // sealed buffers keep their chunks alive; new writes start a new one
       this.arenaUsed = 0;
     }
-    const fixed = this.ambiguous ? 1 : 0;
-    assert(!this.ambiguous || this.sealed[0] === this.ambiguous.layer, 'an ambiguous attempt commits the oldest sealed layer');
-    if (this.sealed.length - fixed > 1) {
-      // No attempt references these layers (an attempt that failed without ambiguity is
-      // dropped), so the oldest of them can absorb the newer ones in place.
-      const into = this.sealed[fixed]!;
-      for (const layer of this.sealed.splice(fixed + 1)) {
+    const free = this.sealed.findIndex((l) => l.attempt === undefined);
+    if (free >= 0 && this.sealed.length - free > 1) {
+      // No attempt references these layers, so the oldest of them can absorb the newer ones in place.
+      const into = this.sealed[free]!;
+      for (const layer of this.sealed.splice(free + 1)) {
+        assert(layer.attempt === undefined, 'layers with attempts are a prefix of sealed');
         for (const e of layer.map.entries()) into.map.set(e.offset, e.length, e.value);
         into.bytes += layer.bytes;
       }
     }
-    assert(this.sealed.length <= 2, 'at most two sealed layers');
+    assert(this.sealed.length <= PIPELINE_DEPTH + 2, 'a bounded number of sealed layers');
   }
 
   /**
-   * Pack a sealed layer in volume order: full segments are uploaded separately, the rest
-   * rides inline in the log record. Synchronous, and the layer is not changed.
+   * Pack a sealed layer in volume order for the position after `after` (or the log's next):
+   * full segments are uploaded separately, the rest rides inline in the log record.
+   * Synchronous, and the layer is not changed.
    */
-  private pack(layer: Sealed): CommitAttempt {
-    const seq = this.nextSeq;
+  private pack(layer: Sealed, after: CommitAttempt | null, owner: CommitRun): CommitAttempt {
+    const seq = after ? after.seq + 1 : this.nextSeq;
     const nonce = randomId(this.world, 4);
     const extents: RecordExtent[] = [];
     const segments: CommitAttempt['segments'] = [];
@@ -1044,12 +1152,16 @@ export class Volume implements BlockBackend {
         }
       }
     }
-    const header = this.newHeader('commit', seq, this.token, segments.map((s) => ({ key: s.key, size: s.size })), extents, partBytes);
+    const header = this.newHeader('commit', seq, this.token, segments.map((s) => ({ key: s.key, size: s.size })), extents, partBytes, after);
     const { body, dataStart } = encodeLogRecord(header, parts);
-    return { seq, id: header.id!, header, body, dataStart, segments, layer, state: 'packed' };
+    return { seq, id: header.id!, header, body, dataStart, segments, layer, state: 'packed', after, landed: deferred(), owner, dropped: false };
   }
 
-  /** Upload the attempt's segments in parallel, each assembled just before its upload (a big commit would otherwise hold the event loop for the whole copy). */
+  /**
+   * Upload the attempt's segments in parallel, each assembled just before its upload (a big
+   * commit would otherwise hold the event loop for the whole copy). All attempts share
+   * uploadConcurrency, in the order they asked: the older attempt's segments go first.
+   */
   private async upload(a: CommitAttempt): Promise<void> {
     assert(a.state === 'packed');
     const local = this.local;
@@ -1058,19 +1170,39 @@ export class Volume implements BlockBackend {
     // event loop of its own. Started in one turn, 16 of them held the loop for 300-450 ms:
     // another client's 4 KiB read waited that long, and a lease renewal would as well.
     let turn: Promise<void> = Promise.resolve();
-    await mapLimit(a.segments, this.uploadConcurrency, async (s) => {
-      const mine = turn.then(() => this.world.yield());
-      turn = mine;
-      await mine;
-      if (local) {
-        // Written from its pieces; nothing goes to the block cache (see `local`).
-        await local.putParts(s.key, s.parts);
-        return;
+    await Promise.all(a.segments.map(async (s) => {
+      await this.uploadSlot();
+      try {
+        if (a.dropped) return; // an earlier attempt failed meanwhile: nothing will name it
+        const mine = turn.then(() => this.world.yield());
+        turn = mine;
+        await mine;
+        if (local) {
+          // Written from its pieces; nothing goes to the block cache (see `local`).
+          await local.putParts(s.key, s.parts);
+          return;
+        }
+        s.body = Buffer.concat(s.parts, s.size);
+        await this.store.put(s.key, s.body);
+      } finally {
+        this.releaseUploadSlot();
       }
-      s.body = Buffer.concat(s.parts, s.size);
-      await this.store.put(s.key, s.body);
-    });
+    }));
     a.state = 'uploaded';
+  }
+
+  private uploadSlot(): Promise<void> {
+    if (this.uploadsInFlight < this.uploadConcurrency) {
+      this.uploadsInFlight++;
+      return Promise.resolve();
+    }
+    return new Promise<void>((resolve) => { this.uploadWaiters.push(resolve); });
+  }
+
+  private releaseUploadSlot(): void {
+    const next = this.uploadWaiters.shift();
+    if (next) next(); // the slot passes on
+    else this.uploadsInFlight--;
   }
 
   /**
@@ -1080,7 +1212,7 @@ export class Volume implements BlockBackend {
    */
   private async publish(a: CommitAttempt): Promise<void> {
     assert(a.state === 'uploaded' || a.state === 'ambiguous');
-    assert(a.seq === this.nextSeq && a.layer === this.sealed[0], 'an attempt publishes the next position and the oldest layer');
+    assert(a.seq === this.nextSeq && a.layer === this.sealed[0] && a.layer.attempt === a, 'an attempt publishes the next position and the oldest layer');
     const key = keys.log(this.id, a.seq);
     let landed = false;
     try {
@@ -1090,7 +1222,6 @@ export class Volume implements BlockBackend {
       if (!(err instanceof PreconditionFailedError)) {
         // Unknown outcome: it may have landed, or may land later. Keep the attempt whole.
         a.state = 'ambiguous';
-        this.ambiguous = a;
         throw err;
       }
     }
@@ -1109,23 +1240,23 @@ export class Volume implements BlockBackend {
       } catch (err) {
         if (err instanceof CorruptError) there = null; // not a record we could have written
         else if (err instanceof NotFoundError) there = 'gone'; // deleted between the head and the read
-        else { a.state = 'ambiguous'; this.ambiguous = a; throw err; }
+        else { a.state = 'ambiguous'; throw err; }
       }
       if (there === 'gone' || there?.id !== a.id) {
-        this.ambiguous = null;
+        a.state = 'uploaded'; // not ambiguous any more: it did not land, and never will
         this.fence(there === 'gone'
           ? `log position ${a.seq} of volume ${this.name} was taken and has since been garbage-collected: the log moved past it (another writer, or the volume was removed)`
           : `log position ${a.seq} of volume ${this.name} was taken by another writer`);
         throw this.fencedError!;
       }
     }
-    this.ambiguous = null;
     this.landRecord(key, a.header, a.dataStart, a.body.length);
     if (!this.local) {
       this.blockCache.insertObject(key, a.body);
       for (const s of a.segments) if (s.body) this.blockCache.insertObject(s.key, s.body);
     }
     this.sealed.shift();
+    a.layer.attempt = undefined;
     this.commits++;
     this.lastFlushAt = a.header.time;
     this.maybeCheckpoint();
