@@ -40,7 +40,10 @@
  *    store before it loads the maps: a segment whose record was in that listing is in the
  *    maps if still used, and a segment for a position after the listing's newest record
  *    is kept, however long the upload takes. If that position is taken by another writer instead, the segments'
- *    writer is fenced and never names them. A stale writer (paused past its lease) may
+ *    writer is fenced and never names them; if it is taken by the same writer's later attempt
+ *    (pipelined commits: an attempt packed behind one that then did not land is dropped, and
+ *    its layer is packed again with new segment names), nothing names them either. Either way
+ *    they are garbage once the log passes their position, like any failed commit's. A stale writer (paused past its lease) may
  *    re-create a log position GC freed, with a create-only put that succeeds: deleting a
  *    record frees its position. Its record is never part of any map: positions GC frees
  *    lie at or below a checkpoint, which recovery starts from; checkpoints are create-only;
