@@ -10,18 +10,22 @@
  * FLUSH_EVERY (50,000) operations; extents that land next to each other merge, so the map
  * ends slightly below the count asked for (the table says how many it has). Then:
  *
- *   build       time, commits, RSS and heap per extent after the build (global.gc first);
+ *   build       time, commits, RSS, and memory per extent after the build (global.gc first):
+ *               the JS heap plus ArrayBuffer memory (process.memoryUsage().arrayBuffers, outside
+ *               the heap: where the packed committed map, cow/packed-map.ts, keeps its extents);
  *   checkpoint  a forced checkpoint of the whole map: time until it is in the store, its
  *               size, the event loop's delay (max, p99) meanwhile;
  *   recovery    Volume.open on a new catalog (a host with nothing of the volume in memory):
  *               time, event loop delay max meanwhile;
- *   compaction  compactionCandidates (the planning walk over the whole map): time, delay max.
+ *   compaction  compactionCandidates (the planning walk over the whole map): time, delay max;
+ *   serving     READS (20,000) random 4 KiB reads through Volume.read on the recovered volume,
+ *               one at a time (every read resolves through the map): time per read, delay max.
  *
  * The event loop's delay is measured by a 1 ms interval timer (the longest gap between two of
  * its ticks minus 1 ms) and perf_hooks' monitorEventLoopDelay (p99), both in this process,
  * which is what a host serving other volumes meanwhile would see.
  *
- * Knobs (environment): EXTENTS (10k,1M,10M), DATA_EVERY (100), FLUSH_EVERY (50000), SEED (1), SCALE_GAPS (1: print
+ * Knobs (environment): EXTENTS (10k,1M,10M), READS (20000), DATA_EVERY (100), FLUSH_EVERY (50000), SEED (1), SCALE_GAPS (1: print
  * every gap of the event loop over 30 ms with its time, to line up with node --trace-gc).
  * Results: bench/results/scale.md and scale.json. Run with node --expose-gc for the memory rows
  * (bench/run.sh does).
@@ -50,6 +54,7 @@ const EXTENTS = (process.env.EXTENTS || '10k,1M,10M').split(',').map(parseCount)
 const DATA_EVERY = Math.max(1, Number(process.env.DATA_EVERY || 100));
 const FLUSH_EVERY = Math.max(1, Number(process.env.FLUSH_EVERY || 50_000));
 const SEED = Number(process.env.SEED || 1);
+const READS = Math.max(1, Number(process.env.READS || 20_000));
 const log = (s: string): void => { process.stderr.write(s + '\n'); };
 const gc = (): void => { (globalThis as { gc?: () => void }).gc?.(); };
 
@@ -85,10 +90,14 @@ interface SizeResult {
   commits: number;
   rssMiB: number;
   heapMiB: number;
+  arrayBuffersMiB: number;
+  /** Heap plus ArrayBuffer memory per extent. */
   bytesPerExtent: number;
+  heapBytesPerExtent: number;
   checkpoint: { ms: number; bytes: number; maxDelayMs: number; p99DelayMs: number };
   recovery: { ms: number; extents: number; maxDelayMs: number; p99DelayMs: number };
   compactionPlan: { ms: number; maxDelayMs: number; p99DelayMs: number };
+  serving: { reads: number; usPerRead: number; maxDelayMs: number; p99DelayMs: number };
 }
 
 type Catalogs = () => StoreCatalog;
@@ -108,6 +117,14 @@ async function oneSize(asked: number, root: string): Promise<SizeResult> {
   log(`  recovery: ${fmt(rec.ms)} ms (${w.stats().extents.toLocaleString('en-US')} extents), event loop delay max ${fmt(rec.maxDelayMs)} ms`);
   const plan = await withDelay(() => w.compactionCandidates(0.5));
   log(`  compaction planning: ${fmt(plan.ms)} ms, event loop delay max ${fmt(plan.maxDelayMs)} ms`);
+  // Serving: random 4 KiB reads, each resolved through the map (most land on zero extents or
+  // gaps, one in DATA_EVERY written extents on a data object read from its file).
+  const rnd = seededRandom(SEED + asked + 1);
+  const buf = Buffer.alloc(4096);
+  const serve = await withDelay(async () => {
+    for (let i = 0; i < READS; i++) await w.read(Math.floor(rnd() * (TiB / 4096)) * 4096, 4096, buf);
+  });
+  log(`  serving: ${READS} random 4 KiB reads, ${fmt((serve.ms * 1000) / READS)} µs each, event loop delay max ${fmt(serve.maxDelayMs)} ms, p99 ${fmt(serve.p99DelayMs)} ms`);
   const recExtents = w.stats().extents;
   await w.close();
   await store.close();
@@ -116,10 +133,11 @@ async function oneSize(asked: number, root: string): Promise<SizeResult> {
     asked, ...built,
     recovery: { ms: rec.ms, extents: recExtents, maxDelayMs: rec.maxDelayMs, p99DelayMs: rec.p99DelayMs },
     compactionPlan: { ms: plan.ms, maxDelayMs: plan.maxDelayMs, p99DelayMs: plan.p99DelayMs },
+    serving: { reads: READS, usPerRead: (serve.ms * 1000) / READS, maxDelayMs: serve.maxDelayMs, p99DelayMs: serve.p99DelayMs },
   };
 }
 
-async function buildAndCheckpoint(asked: number, store: ObjectStore, cat: Catalogs): Promise<Omit<SizeResult, 'asked' | 'recovery' | 'compactionPlan'>> {
+async function buildAndCheckpoint(asked: number, store: ObjectStore, cat: Catalogs): Promise<Omit<SizeResult, 'asked' | 'recovery' | 'compactionPlan' | 'serving'>> {
   const catalog = cat();
   await catalog.create('v', TiB);
   const v = (await catalog.open('v', { readOnly: false })).backend as Volume;
@@ -147,7 +165,8 @@ async function buildAndCheckpoint(asked: number, store: ObjectStore, cat: Catalo
   const mem = process.memoryUsage();
   const rssMiB = (mem.rss - base.rss) / MiB;
   const heapMiB = (mem.heapUsed - base.heapUsed) / MiB;
-  log(`  ${extents.toLocaleString('en-US')} extents built in ${buildS.toFixed(1)} s (${v.stats().commits} commits); +${fmt(rssMiB)} MiB RSS, +${fmt(heapMiB)} MiB heap`);
+  const arrayBuffersMiB = (mem.arrayBuffers - base.arrayBuffers) / MiB;
+  log(`  ${extents.toLocaleString('en-US')} extents built in ${buildS.toFixed(1)} s (${v.stats().commits} commits); +${fmt(rssMiB)} MiB RSS, +${fmt(heapMiB)} MiB heap, +${fmt(arrayBuffersMiB)} MiB array buffers`);
 
   // Checkpoint: forced, then wait until it is in the store.
   const cpPrefix = `vol/${v.volumeId}/checkpoint/`;
@@ -164,7 +183,7 @@ async function buildAndCheckpoint(asked: number, store: ObjectStore, cat: Catalo
   const commits = v.stats().commits;
   await v.close();
   return {
-    extents, buildS, commits, rssMiB, heapMiB, bytesPerExtent: (heapMiB * MiB) / extents,
+    extents, buildS, commits, rssMiB, heapMiB, arrayBuffersMiB, bytesPerExtent: ((heapMiB + arrayBuffersMiB) * MiB) / extents, heapBytesPerExtent: (heapMiB * MiB) / extents,
     checkpoint: { ms: cp.ms, bytes: cpBytes, maxDelayMs: cp.maxDelayMs, p99DelayMs: cp.p99DelayMs },
   };
 }
@@ -186,16 +205,17 @@ async function main(): Promise<void> {
   const L: string[] = [];
   L.push('# scale: maps of many extents\n');
   L.push(`${new Date(started).toISOString().slice(0, 16).replace('T', ' ')} UTC, ${machine.nproc} cores, node ${machine.node}, baton ${machine.batonCommit ?? '?'}; whole run ${((Date.now() - started) / 1000).toFixed(0)} s.`);
-  L.push(`A 1 TiB volume on a \`file:\` store; random 4 KiB-aligned offsets, one in ${DATA_EVERY} a 4 KiB write of random bytes, the rest 4 KiB WRITE_ZEROES (NO_HOLE), a flush every ${FLUSH_EVERY.toLocaleString('en-US')} operations, all through the engine (Volume.write / zero / flush). Event loop delay: the longest gap of a 1 ms timer in the same process (what a host serving other volumes meanwhile sees) and monitorEventLoopDelay's p99.\n`);
+  L.push(`A 1 TiB volume on a \`file:\` store; random 4 KiB-aligned offsets, one in ${DATA_EVERY} a 4 KiB write of random bytes, the rest 4 KiB WRITE_ZEROES (NO_HOLE), a flush every ${FLUSH_EVERY.toLocaleString('en-US')} operations, all through the engine (Volume.write / zero / flush). Event loop delay: the longest gap of a 1 ms timer in the same process (what a host serving other volumes meanwhile sees) and monitorEventLoopDelay's p99. Memory: growth of the JS heap plus ArrayBuffer memory (where the packed committed map keeps its extents) over the build, after a full GC. Serving: ${READS.toLocaleString('en-US')} random 4 KiB reads one after the other on the recovered volume.\n`);
   L.push(markdownTable(
-    ['extents', 'build, s', 'heap per extent, B', 'RSS growth, MiB', 'checkpoint, ms', 'checkpoint size', 'delay max / p99 while checkpointing, ms', 'recovery on a new host, ms', 'delay max while recovering, ms', 'compaction planning, ms', 'delay max while planning, ms'],
+    ['extents', 'build, s', 'memory per extent (heap + array buffers), B', 'of it heap, B', 'RSS growth, MiB', 'checkpoint, ms', 'checkpoint size', 'delay max / p99 while checkpointing, ms', 'recovery on a new host, ms', 'delay max / p99 while recovering, ms', 'compaction planning, ms', 'delay max while planning, ms', 'random 4 KiB read, µs', 'delay max / p99 while serving reads, ms'],
     results.map((r) => [
-      r.extents.toLocaleString('en-US'), fmt(r.buildS), fmt(r.bytesPerExtent), fmt(r.rssMiB), fmt(r.checkpoint.ms), formatSize(r.checkpoint.bytes),
-      `${fmt(r.checkpoint.maxDelayMs)} / ${fmt(r.checkpoint.p99DelayMs)}`, fmt(r.recovery.ms), fmt(r.recovery.maxDelayMs), fmt(r.compactionPlan.ms), fmt(r.compactionPlan.maxDelayMs),
+      r.extents.toLocaleString('en-US'), fmt(r.buildS), fmt(r.bytesPerExtent), fmt(r.heapBytesPerExtent), fmt(r.rssMiB), fmt(r.checkpoint.ms), formatSize(r.checkpoint.bytes),
+      `${fmt(r.checkpoint.maxDelayMs)} / ${fmt(r.checkpoint.p99DelayMs)}`, fmt(r.recovery.ms), `${fmt(r.recovery.maxDelayMs)} / ${fmt(r.recovery.p99DelayMs)}`, fmt(r.compactionPlan.ms), fmt(r.compactionPlan.maxDelayMs),
+      fmt(r.serving.usPerRead), `${fmt(r.serving.maxDelayMs)} / ${fmt(r.serving.p99DelayMs)}`,
     ]),
   ));
   L.push('\n```sh\nnode --expose-gc --max-old-space-size=8192 dist/bench/scale.js   # EXTENTS=10k,1M,10M (or SCENARIOS=scale npm run bench)\n```\n');
-  const out = writeResults('scale', L.join('\n'), { machine, knobs: { EXTENTS, DATA_EVERY, FLUSH_EVERY, SEED }, results });
+  const out = writeResults('scale', L.join('\n'), { machine, knobs: { EXTENTS, READS, DATA_EVERY, FLUSH_EVERY, SEED }, results });
   log(`results: ${out.md}, ${out.json}`);
 }
 
