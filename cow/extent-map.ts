@@ -271,9 +271,16 @@ export interface FrozenExtentMap<V> {
  */
 export class RegionViews<R> {
   private readonly views: { saved: Map<number, R | undefined> }[] = [];
+  /** How many open views keep each region they saved (only with `drop`). */
+  private readonly pins = new Map<R, number>();
 
-  /** `onAllClosed`: called when the last open view closes (a packed map then frees what only views named). */
-  constructor(private readonly regions: Map<number, R>, private readonly copy: (r: R) => R, private readonly onAllClosed?: () => void) {}
+  /**
+   * `copy`: a copy of a region (the map goes on with it). `onAllClosed`: called when the last
+   * open view closes (a packed map then frees what only views named). `drop`: called with a
+   * region the map no longer uses once no open view keeps it (a packed map frees its block;
+   * without it, the GC takes arrays nobody references).
+   */
+  constructor(private readonly regions: Map<number, R>, private readonly copy: (r: R) => R, private readonly onAllClosed?: () => void, private readonly drop?: (r: R) => void) {}
 
   get isOpen(): boolean { return this.views.length > 0; }
 
@@ -281,7 +288,10 @@ export class RegionViews<R> {
   preserve(r: number, g: R | undefined): R | undefined {
     let kept = false;
     for (const v of this.views) {
-      if (!v.saved.has(r)) v.saved.set(r, g);
+      if (!v.saved.has(r)) {
+        v.saved.set(r, g);
+        if (g !== undefined && this.drop) this.pins.set(g, (this.pins.get(g) ?? 0) + 1);
+      }
       if (g !== undefined && v.saved.get(r) === g) kept = true;
     }
     if (!kept || g === undefined) return g;
@@ -305,6 +315,16 @@ export class RegionViews<R> {
       closed = true;
       const i = this.views.indexOf(view);
       if (i >= 0) this.views.splice(i, 1);
+      // A region a view saved is one the map stopped using then (it went on with a copy).
+      if (this.drop) {
+        for (const g of view.saved.values()) {
+          if (g === undefined) continue;
+          const left = this.pins.get(g)! - 1;
+          if (left > 0) { this.pins.set(g, left); continue; }
+          this.pins.delete(g);
+          this.drop(g);
+        }
+      }
       if (this.views.length === 0) this.onAllClosed?.();
     };
     // A region is in the view if it was in the map at freeze time: saved (changed since) with

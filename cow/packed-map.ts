@@ -59,41 +59,153 @@ export interface LocationCodec<V> {
   locate(first: V, at: number): V;
 }
 
-/** Bytes per extent in a region's buffer: an f64 and three i32. */
-const EXTENT_BYTES = 20;
-/** A new region's capacity, in extents (the smallest it shrinks to). */
-const MIN_CAP = 4;
 const MIN_CONSTANT = -1000;
 
-/** One region's extents, sorted by offset (see the header for the layout). */
-class Region {
-  n = 0;
-  at: Float64Array;
-  ints: Int32Array;
+// ------------------------------------------------------------------ the slot pool
 
-  constructor(cap: number) {
-    const buf = new ArrayBuffer(cap * EXTENT_BYTES);
-    this.at = new Float64Array(buf, 0, cap);
-    this.ints = new Int32Array(buf, cap * 8, cap * 3);
+/**
+ * Where a PackedExtentMap's regions live: slots of 20 bytes (one f64 in a page's `at`, three
+ * i32 in its `ints`) in pages of typed arrays, handed out as blocks of 2^order slots by a
+ * buddy allocator. A block's first slot is its header: ints [n (or FREE), order, next free]
+ * and at [previous free] (the free lists run through the free blocks themselves, so the
+ * allocator keeps no JS object per block either). Its extent i is in slot 1 + i.
+ *
+ * A block is named by its address, page * PAGE_SPAN + slot: a small integer, which is what
+ * the map's Map from region number to region holds (a Map of small integers is one hash
+ * table to V8's GC, not an object per entry).
+ *
+ * Pages grow with the pool (2^8 slots for the first, up to 2^16 = 1.25 MiB), a block bigger
+ * than that gets a page of its own. Freed blocks merge with their buddy; a page that is
+ * free again is given back (one is kept spare, so a map that grows and shrinks across a page
+ * boundary does not allocate one per update). So the pool holds at most about twice what
+ * the map's blocks need, and blocks at most twice their extents (capacities double).
+ */
+const PAGE_SPAN = 1 << 16;
+const MIN_PAGE_ORDER = 8;
+const MAX_PAGE_ORDER = 16;
+/** Page indexes stay below this so that addresses are small integers (V8 Smis: < 2^30). */
+const MAX_PAGES = 1 << 14;
+/** A block of 2^2 slots: header and 3 extents. */
+const MIN_ORDER = 2;
+const FREE = -1;
+const NONE = -1;
+const EMPTY_F64 = new Float64Array(0);
+const EMPTY_I32 = new Int32Array(0);
+
+class SlotPool {
+  readonly at: Float64Array[] = [];
+  readonly ints: Int32Array[] = [];
+  /** Per page: its order (2^order slots), or -1 once given back. */
+  private readonly pageOrder: number[] = [];
+  private readonly freePages: number[] = [];
+  /** Per order: the first free block, or NONE. */
+  private readonly heads: number[] = new Array<number>(32).fill(NONE);
+  private spare = NONE;
+  /** Slots in pages, and in blocks handed out. */
+  slots = 0;
+  used = 0;
+
+  /** A block of 2^order slots; its header says (0 extents, order). */
+  alloc(order: number): number {
+    let k = order;
+    let addr = NONE;
+    for (; k < this.heads.length; k++) {
+      if (this.heads[k] !== NONE) { addr = this.heads[k]!; this.unlink(addr, k); break; }
+    }
+    if (addr === NONE) {
+      k = Math.max(order, Math.min(MAX_PAGE_ORDER, Math.max(MIN_PAGE_ORDER, Math.floor(Math.log2(Math.max(1, this.slots))))));
+      addr = this.newPage(k) * PAGE_SPAN;
+    }
+    // Split down to the order asked for: the upper halves go to the free lists.
+    while (k > order) {
+      k--;
+      this.link(addr + (1 << k), k);
+    }
+    const p = addr >>> 16;
+    const h = 3 * (addr & 0xffff);
+    this.ints[p]![h] = 0;
+    this.ints[p]![h + 1] = order;
+    this.used += 1 << order;
+    return addr;
   }
 
-  get cap(): number { return this.at.length; }
-
-  /** A region with the same extents and capacity `cap` (at least n). */
-  copy(cap: number = this.cap): Region {
-    const c = new Region(cap);
-    c.n = this.n;
-    c.at.set(this.at.subarray(0, this.n));
-    c.ints.set(this.ints.subarray(0, 3 * this.n));
-    return c;
+  /** Give back the block at `addr` (merged with its free buddies; a page free again is given back). */
+  release(addr: number, order: number): void {
+    this.used -= 1 << order;
+    const p = addr >>> 16;
+    const pOrder = this.pageOrder[p]!;
+    let off = addr & 0xffff;
+    const I = this.ints[p]!;
+    while (order < pOrder) {
+      const b = off ^ (1 << order);
+      if (I[3 * b] !== FREE || I[3 * b + 1] !== order) break;
+      this.unlink(p * PAGE_SPAN + b, order);
+      off = Math.min(off, b);
+      order++;
+    }
+    if (order === pOrder) {
+      if (this.spare === NONE) this.spare = p;
+      else { this.dropPage(p); return; }
+    }
+    this.link(p * PAGE_SPAN + off, order);
   }
 
-  /** Change the capacity in place (only regions no view keeps: the map's own). */
-  resize(cap: number): void {
-    const c = this.copy(cap);
-    this.at = c.at;
-    this.ints = c.ints;
+  private newPage(order: number): number {
+    const p = this.freePages.pop() ?? this.pageOrder.length;
+    if (p >= MAX_PAGES) throw new RangeError('PackedExtentMap: slot pool full');
+    this.at[p] = new Float64Array(1 << order);
+    this.ints[p] = new Int32Array(3 << order);
+    this.pageOrder[p] = order;
+    this.slots += 1 << order;
+    return p;
   }
+
+  private dropPage(p: number): void {
+    this.slots -= 1 << this.pageOrder[p]!;
+    this.at[p] = EMPTY_F64;
+    this.ints[p] = EMPTY_I32;
+    this.pageOrder[p] = -1;
+    this.freePages.push(p);
+  }
+
+  private link(addr: number, order: number): void {
+    const p = addr >>> 16;
+    const h = 3 * (addr & 0xffff);
+    const head = this.heads[order]!;
+    this.ints[p]![h] = FREE;
+    this.ints[p]![h + 1] = order;
+    this.ints[p]![h + 2] = head;
+    this.at[p]![addr & 0xffff] = NONE;
+    if (head !== NONE) this.at[head >>> 16]![head & 0xffff] = addr;
+    this.heads[order] = addr;
+  }
+
+  private unlink(addr: number, order: number): void {
+    const p = addr >>> 16;
+    const next = this.ints[p]![3 * (addr & 0xffff) + 2]!;
+    const prev = this.at[p]![addr & 0xffff]!;
+    if (prev === NONE) this.heads[order] = next;
+    else this.ints[prev >>> 16]![3 * (prev & 0xffff) + 2] = next;
+    if (next !== NONE) this.at[next >>> 16]![next & 0xffff] = prev;
+    if (this.spare !== NONE && addr === this.spare * PAGE_SPAN && order === this.pageOrder[this.spare]) this.spare = NONE;
+  }
+
+  /** Free slots on the free lists (verify: with the blocks in use, they must make up the pages). */
+  freeSlots(): number {
+    let n = 0;
+    for (let k = 0; k < this.heads.length; k++) {
+      for (let a = this.heads[k]!; a !== NONE; a = this.ints[a >>> 16]![3 * (a & 0xffff) + 2]!) {
+        if (this.ints[a >>> 16]![3 * (a & 0xffff)] !== FREE || this.ints[a >>> 16]![3 * (a & 0xffff) + 1] !== k) throw new Error(`PackedExtentMap.verify: free list ${k} holds a block that is not free of that order`);
+        n += 1 << k;
+      }
+    }
+    return n;
+  }
+}
+
+/** The smallest order whose block holds a header and `n` extents. */
+function orderFor(n: number): number {
+  return Math.max(MIN_ORDER, Math.ceil(Math.log2(n + 1)));
 }
 
 export interface PackedExtentMapOptions {
@@ -102,7 +214,9 @@ export interface PackedExtentMapOptions {
 }
 
 export class PackedExtentMap<V> {
-  private readonly regions = new Map<number, Region>();
+  /** Region number -> the address of its block in the pool (regions with no extent have none). */
+  private readonly regions = new Map<number, number>();
+  private readonly pool = new SlotPool();
   private count = 0;
   private readonly regionSize: number;
 
@@ -116,7 +230,7 @@ export class PackedExtentMap<V> {
   /** Entries whose count reached 0 while views were open: freed when the last one closes. */
   private unreferenced = new Set<number>();
 
-  private readonly cow = new RegionViews<Region>(this.regions, (g) => g.copy(), () => this.viewsClosed());
+  private readonly cow = new RegionViews<number>(this.regions, (a) => this.copyBlock(a, this.pool), () => this.viewsClosed(), (a) => this.pool.release(a, this.orderOf(a)));
 
   constructor(private readonly codec: LocationCodec<V>, options: PackedExtentMapOptions = {}) {
     this.regionSize = options.regionSize ?? REGION_SIZE;
@@ -129,6 +243,9 @@ export class PackedExtentMap<V> {
 
   /** Sources in the table (what it costs besides the regions). */
   get sources(): number { return this.ids.size; }
+
+  /** Bytes of the pool's pages (the map's extents, with the room its blocks keep free). */
+  get poolBytes(): number { return this.pool.slots * SLOT_BYTES; }
 
   // ---------------------------------------------------------------- the source table
 
@@ -175,6 +292,32 @@ export class PackedExtentMap<V> {
     return id < 0 ? this.codec.ofConstant(id) : this.codec.locate(this.firsts[id]!, at);
   }
 
+  // ---------------------------------------------------------------- blocks
+
+  private orderOf(a: number): number { return this.pool.ints[a >>> 16]![3 * (a & 0xffff) + 1]!; }
+
+  /** A copy of block `a` (of this map's pool) in `into`, with its capacity, or order `order`. */
+  private copyBlock(a: number, into: SlotPool, order: number = this.orderOf(a)): number {
+    const p = a >>> 16;
+    const h = a & 0xffff;
+    const n = this.pool.ints[p]![3 * h]!;
+    const b = into.alloc(order);
+    const q = b >>> 16;
+    const g = b & 0xffff;
+    into.ints[q]!.set(this.pool.ints[p]!.subarray(3 * (h + 1), 3 * (h + 1 + n)), 3 * (g + 1));
+    into.at[q]!.set(this.pool.at[p]!.subarray(h + 1, h + 1 + n), g + 1);
+    into.ints[q]![3 * g] = n;
+    return b;
+  }
+
+  /** Region r's block `a` moves to a block of order `order` (growing or shrinking; only the map's own blocks, which no view keeps). */
+  private move(r: number, a: number, order: number): number {
+    const b = this.copyBlock(a, this.pool, order);
+    this.pool.release(a, this.orderOf(a));
+    this.regions.set(r, b);
+    return b;
+  }
+
   // ---------------------------------------------------------------- updates
 
   /** Make [offset, offset+length) hold `value` (the value describes the range's first byte). */
@@ -204,88 +347,97 @@ export class PackedExtentMap<V> {
     }
   }
 
-  /** Region r's [rel, rel+len) becomes (id, at), or a gap for id null. Offsets relative to the region. */
+  /**
+   * Region r's [rel, rel+len) becomes (id, at), or a gap for id null. Offsets relative to the
+   * region. In a block at slot h of its page, extent i is slot e + i with e = h + 1: its
+   * offset, length and id at ints[3(e+i)...], its position at at[e+i].
+   */
   private setInRegion(r: number, rel: number, len: number, id: number | null, at: number): void {
-    let g = this.regions.get(r);
-    if (this.cow.isOpen) g = this.cow.preserve(r, g);
-    if (!g) {
+    let a = this.regions.get(r);
+    if (this.cow.isOpen) a = this.cow.preserve(r, a);
+    if (a === undefined) {
       if (id === null) return;
-      g = new Region(MIN_CAP);
-      this.regions.set(r, g);
+      a = this.pool.alloc(MIN_ORDER);
+      this.regions.set(r, a);
     }
     const end = rel + len;
-    const n = g.n;
-    let I = g.ints;
-    let A = g.at;
-    const first = firstEndingAfter(I, n, rel);
+    let I = this.pool.ints[a >>> 16]!;
+    let A = this.pool.at[a >>> 16]!;
+    let e = (a & 0xffff) + 1;
+    const n = I[3 * e - 3]!;
+    const first = firstEndingAfter(I, e, n, rel);
     let i = first;
-    while (i < n && I[3 * i]! < end) i++;
+    while (i < n && I[3 * (e + i)]! < end) i++;
     const removed = i - first;
     if (removed === 0 && id === null) return;
     // What is left of the first and last extents the range cuts (the same one if it cuts one).
-    const hasLeft = removed > 0 && I[3 * first]! < rel;
-    const last = i - 1;
-    const hasRight = removed > 0 && I[3 * last]! + I[3 * last + 1]! > end;
-    const lOff = hasLeft ? I[3 * first]! : 0;
-    const lId = hasLeft ? I[3 * first + 2]! : 0;
-    const lAt = hasLeft ? A[first]! : 0;
-    const rOff = hasRight ? I[3 * last]! : 0;
-    const rLen = hasRight ? rOff + I[3 * last + 1]! - end : 0;
-    const rId = hasRight ? I[3 * last + 2]! : 0;
-    const rAt = hasRight && rId >= 0 ? A[last]! + (end - rOff) : 0;
+    const x0 = 3 * (e + first);
+    const xl = 3 * (e + i - 1);
+    const hasLeft = removed > 0 && I[x0]! < rel;
+    const hasRight = removed > 0 && I[xl]! + I[xl + 1]! > end;
+    const lOff = hasLeft ? I[x0]! : 0;
+    const lId = hasLeft ? I[x0 + 2]! : 0;
+    const lAt = hasLeft ? A[e + first]! : 0;
+    const rOff = hasRight ? I[xl]! : 0;
+    const rLen = hasRight ? rOff + I[xl + 1]! - end : 0;
+    const rId = hasRight ? I[xl + 2]! : 0;
+    const rAt = hasRight && rId >= 0 ? A[e + i - 1]! + (end - rOff) : 0;
     // Counts: take up the new references before dropping the old ones, so an entry that
     // only changes extents is never freed in between.
     if (hasLeft) this.ref(lId);
     if (id !== null) this.ref(id);
     if (hasRight) this.ref(rId);
-    for (let k = first; k < i; k++) this.unref(I[3 * k + 2]!);
+    for (let k = first; k < i; k++) this.unref(I[3 * (e + k) + 2]!);
     const added = (hasLeft ? 1 : 0) + (id !== null ? 1 : 0) + (hasRight ? 1 : 0);
     const delta = added - removed;
-    if (n + delta > g.cap) {
-      g.resize(Math.max(2 * g.cap, n + delta));
-      I = g.ints;
-      A = g.at;
+    const m = n + delta;
+    if (m === 0) {
+      this.pool.release(a, I[3 * e - 2]!);
+      this.regions.delete(r);
+      this.count += delta;
+      return;
+    }
+    if (m + 1 > 1 << I[3 * e - 2]!) {
+      a = this.move(r, a, orderFor(m));
+      I = this.pool.ints[a >>> 16]!;
+      A = this.pool.at[a >>> 16]!;
+      e = (a & 0xffff) + 1;
     }
     if (delta !== 0) {
-      I.copyWithin(3 * (first + added), 3 * i, 3 * n);
-      A.copyWithin(first + added, i, n);
+      I.copyWithin(3 * (e + first + added), 3 * (e + i), 3 * (e + n));
+      A.copyWithin(e + first + added, e + i, e + n);
     }
-    g.n = n + delta;
+    I[3 * e - 3] = m;
     this.count += delta;
-    let w = first;
-    if (hasLeft) put(g, w++, lOff, rel - lOff, lId, lAt);
-    if (id !== null) put(g, w++, rel, len, id, at);
-    if (hasRight) put(g, w++, end, rLen, rId, rAt);
-    if (g.n === 0) { this.regions.delete(r); return; }
+    let w = e + first;
+    if (hasLeft) put(I, A, w++, lOff, rel - lOff, lId, lAt);
+    if (id !== null) put(I, A, w++, rel, len, id, at);
+    if (hasRight) put(I, A, w++, end, rLen, rId, rAt);
     if (id !== null) {
       // The new extent sits at first + (a left remainder ? 1 : 0): merge it with the one
       // after, then with the one before (as ExtentMap does).
       const k = first + (hasLeft ? 1 : 0);
-      this.join(g, k);
-      this.join(g, k - 1);
+      this.join(I, A, e, k);
+      this.join(I, A, e, k - 1);
     }
-    this.checkAround(g, first - 1, first + added + 1, r);
-    this.maybeShrink(g);
+    this.checkAround(I, e, first - 1, first + added + 1, r);
+    const order = I[3 * e - 2]!;
+    if (order > MIN_ORDER && I[3 * e - 3]! + 1 <= (1 << order) >>> 2) this.move(r, a, order - 1);
   }
 
-  /** Merge extents k and k+1 of g if k+1 continues k. */
-  private join(g: Region, k: number): void {
-    if (k < 0 || k + 1 >= g.n) return;
-    const I = g.ints;
-    const A = g.at;
-    const a = 3 * k;
-    const id = I[a + 2]!;
-    if (I[a]! + I[a + 1]! !== I[a + 3] || id !== I[a + 5] || (id >= 0 && A[k]! + I[a + 1]! !== A[k + 1])) return;
-    I[a + 1]! += I[a + 4]!;
-    I.copyWithin(a + 3, a + 6, 3 * g.n);
-    A.copyWithin(k + 1, k + 2, g.n);
-    g.n--;
+  /** Merge extents k and k+1 of the block whose extents start at slot e if k+1 continues k. */
+  private join(I: Int32Array, A: Float64Array, e: number, k: number): void {
+    const n = I[3 * e - 3]!;
+    if (k < 0 || k + 1 >= n) return;
+    const x = 3 * (e + k);
+    const id = I[x + 2]!;
+    if (I[x]! + I[x + 1]! !== I[x + 3] || id !== I[x + 5] || (id >= 0 && A[e + k]! + I[x + 1]! !== A[e + k + 1])) return;
+    I[x + 1]! += I[x + 4]!;
+    I.copyWithin(x + 3, x + 6, 3 * (e + n));
+    A.copyWithin(e + k + 1, e + k + 2, e + n);
+    I[3 * e - 3] = n - 1;
     this.count--;
     this.unref(id);
-  }
-
-  private maybeShrink(g: Region): void {
-    if (g.cap > MIN_CAP && g.n <= g.cap >>> 2) g.resize(Math.max(MIN_CAP, g.cap >>> 1));
   }
 
   /**
@@ -293,14 +445,14 @@ export class PackedExtentMap<V> {
    * (the ones it wrote and their neighbours) have positive lengths, lie within the region and
    * are sorted without overlap. O(1): the rest of the region did not move relative to itself.
    */
-  private checkAround(g: Region, from: number, to: number, r: number): void {
-    const I = g.ints;
+  private checkAround(I: Int32Array, e: number, from: number, to: number, r: number): void {
     const lo = Math.max(0, from);
-    const hi = Math.min(g.n - 1, to);
+    const hi = Math.min(I[3 * e - 3]! - 1, to);
     for (let k = lo; k <= hi; k++) {
-      const off = I[3 * k]!;
-      const len = I[3 * k + 1]!;
-      if (!(off >= 0 && len > 0 && off + len <= this.regionSize && (k === 0 || I[3 * k - 3]! + I[3 * k - 2]! <= off))) {
+      const x = 3 * (e + k);
+      const off = I[x]!;
+      const len = I[x + 1]!;
+      if (!(off >= 0 && len > 0 && off + len <= this.regionSize && (k === 0 || I[x - 3]! + I[x - 2]! <= off))) {
         throw new Error(`PackedExtentMap: region ${r} broken at extent ${k} (offset ${off}, length ${len}): not sorted, overlapping or outside the region`);
       }
     }
@@ -322,22 +474,37 @@ export class PackedExtentMap<V> {
       const base = r * this.regionSize;
       const rEnd = Math.min(base + this.regionSize, end);
       const rel = pos - base;
-      let g = this.regions.get(r);
-      if (this.cow.isOpen) g = this.cow.preserve(r, g);
-      const n = g ? g.n : 0;
-      const lastEnd = n > 0 ? g!.ints[3 * n - 3]! + g!.ints[3 * n - 2]! : 0;
-      if (lastEnd > rel) throw new RangeError(`append at ${pos} overlaps or precedes the extent at ${base + g!.ints[3 * n - 3]!}`);
+      let a = this.regions.get(r);
+      if (this.cow.isOpen) a = this.cow.preserve(r, a);
+      let n = 0;
+      let lastEnd = 0;
+      if (a !== undefined) {
+        const I = this.pool.ints[a >>> 16]!;
+        const h = 3 * (a & 0xffff);
+        n = I[h]!;
+        const x = h + 3 * n; // the last extent (n >= 1 in a block that is in the map)
+        lastEnd = I[x]! + I[x + 1]!;
+        if (lastEnd > rel) throw new RangeError(`append at ${pos} overlaps or precedes the extent at ${base + I[x]!}`);
+      }
       // Interned only once it is known to go in (an entry nobody takes up would stay).
       if (id === undefined) { id = this.idOf(value); at0 = id < 0 ? 0 : this.codec.at(value); }
       const at = id < 0 ? 0 : at0 + (pos - offset);
-      if (!g) { g = new Region(MIN_CAP); this.regions.set(r, g); }
-      const I = g.ints;
-      if (n > 0 && lastEnd === rel && I[3 * n - 1] === id && (id < 0 || g.at[n - 1]! + I[3 * n - 2]! === at)) {
-        I[3 * n - 2]! += rEnd - pos;
+      if (a === undefined) { a = this.pool.alloc(MIN_ORDER); this.regions.set(r, a); }
+      let I = this.pool.ints[a >>> 16]!;
+      let A = this.pool.at[a >>> 16]!;
+      let e = (a & 0xffff) + 1;
+      const x = 3 * (e + n - 1);
+      if (n > 0 && lastEnd === rel && I[x + 2] === id && (id < 0 || A[e + n - 1]! + I[x + 1]! === at)) {
+        I[x + 1]! += rEnd - pos;
       } else {
-        if (n === g.cap) g.resize(2 * g.cap);
-        put(g, n, rel, rEnd - pos, id, at);
-        g.n++;
+        if (n + 2 > 1 << I[3 * e - 2]!) {
+          a = this.move(r, a, I[3 * e - 2]! + 1);
+          I = this.pool.ints[a >>> 16]!;
+          A = this.pool.at[a >>> 16]!;
+          e = (a & 0xffff) + 1;
+        }
+        put(I, A, e + n, rel, rEnd - pos, id, at);
+        I[3 * e - 3] = n + 1;
         this.count++;
         this.ref(id);
       }
@@ -356,22 +523,26 @@ export class PackedExtentMap<V> {
       const r = Math.floor(pos / this.regionSize);
       const base = r * this.regionSize;
       const rEnd = Math.min(base + this.regionSize, end);
-      const g = this.regions.get(r);
-      if (!g) {
+      const a = this.regions.get(r);
+      if (a === undefined) {
         pushGap(out, pos, rEnd - pos);
         pos = rEnd;
         continue;
       }
-      const I = g.ints;
-      for (let i = firstEndingAfter(I, g.n, pos - base); i < g.n && pos < rEnd; i++) {
-        const eOff = base + I[3 * i]!;
+      const I = this.pool.ints[a >>> 16]!;
+      const A = this.pool.at[a >>> 16]!;
+      const e = (a & 0xffff) + 1;
+      const n = I[3 * e - 3]!;
+      for (let i = firstEndingAfter(I, e, n, pos - base); i < n && pos < rEnd; i++) {
+        const x = 3 * (e + i);
+        const eOff = base + I[x]!;
         if (eOff >= rEnd) break;
         if (eOff > pos) {
           pushGap(out, pos, eOff - pos);
           pos = eOff;
         }
-        const pEnd = Math.min(eOff + I[3 * i + 1]!, rEnd);
-        out.push({ offset: pos, length: pEnd - pos, value: this.value(I[3 * i + 2]!, g.at[i]! + (pos - eOff)) });
+        const pEnd = Math.min(eOff + I[x + 1]!, rEnd);
+        out.push({ offset: pos, length: pEnd - pos, value: this.value(I[x + 2]!, A[e + i]! + (pos - eOff)) });
         pos = pEnd;
       }
       if (pos < rEnd) {
@@ -386,32 +557,39 @@ export class PackedExtentMap<V> {
   *entries(): IterableIterator<Extent<V>> {
     const keys = [...this.regions.keys()].sort((a, b) => a - b);
     for (const r of keys) {
-      const g = this.regions.get(r)!;
+      const a = this.regions.get(r)!;
+      const I = this.pool.ints[a >>> 16]!;
+      const A = this.pool.at[a >>> 16]!;
+      const e = (a & 0xffff) + 1;
       const base = r * this.regionSize;
-      for (let i = 0; i < g.n; i++) {
-        yield { offset: base + g.ints[3 * i]!, length: g.ints[3 * i + 1]!, value: this.value(g.ints[3 * i + 2]!, g.at[i]!) };
+      for (let i = 0; i < I[3 * e - 3]!; i++) {
+        yield { offset: base + I[3 * (e + i)]!, length: I[3 * (e + i) + 1]!, value: this.value(I[3 * (e + i) + 2]!, A[e + i]!) };
       }
     }
   }
 
   /**
    * The map as it is now, for reading a piece at a time while the map goes on changing
-   * (ExtentMap.freeze): a region is copied only when it changes while the view is open, and
-   * table entries the view names stay until it is closed.
+   * (ExtentMap.freeze): a region's block is copied only when it changes while the view is
+   * open (the view keeps the old block until it closes), and table entries the view names
+   * stay until it is closed.
    */
   freeze(): FrozenExtentMap<V> {
     const view = this.cow.open();
     const regionSize = this.regionSize;
     return {
       size: this.count,
-      walk: (fn, pause, chunk) => view.walk((r, g) => {
+      walk: (fn, pause, chunk) => view.walk((r, a) => {
+        const I = this.pool.ints[a >>> 16]!;
+        const A = this.pool.at[a >>> 16]!;
+        const e = (a & 0xffff) + 1;
+        const n = I[3 * e - 3]!;
         const base = r * regionSize;
-        const I = g.ints;
-        const A = g.at;
-        for (let i = 0; i < g.n; i++) {
-          if (fn(base + I[3 * i]!, I[3 * i + 1]!, this.value(I[3 * i + 2]!, A[i]!)) === false) return false;
+        for (let i = 0; i < n; i++) {
+          const x = 3 * (e + i);
+          if (fn(base + I[x]!, I[x + 1]!, this.value(I[x + 2]!, A[e + i]!)) === false) return false;
         }
-        return g.n;
+        return n;
       }, pause, chunk),
       close: view.close,
     };
@@ -419,7 +597,7 @@ export class PackedExtentMap<V> {
 
   clone(): PackedExtentMap<V> {
     const m = new PackedExtentMap<V>(this.codec, { regionSize: this.regionSize });
-    for (const [r, g] of this.regions) m.regions.set(r, g.copy());
+    for (const [r, a] of this.regions) m.regions.set(r, this.copyBlock(a, m.pool));
     m.count = this.count;
     m.firsts = this.firsts.slice();
     m.keys = this.keys.slice();
@@ -433,36 +611,47 @@ export class PackedExtentMap<V> {
 
   /**
    * Every invariant, checked over the whole map (tests; O(map)): regions sorted, not
-   * overlapping, within bounds, none empty, no two neighbours left joinable, the count, and
-   * the source table (counts equal the extents naming each entry, one entry per source,
-   * free ids named by nobody). Throws on the first violation.
+   * overlapping, within bounds, none empty, no two neighbours left joinable, the count, the
+   * blocks (capacity, and with no view open, the pool's accounting), and the source table
+   * (counts equal the extents naming each entry, one entry per source, free ids named by
+   * nobody). Throws on the first violation.
    */
   verify(): void {
     const fail = (what: string): never => { throw new Error(`PackedExtentMap.verify: ${what}`); };
     let total = 0;
+    let blockSlots = 0;
     const refs = new Array<number>(this.firsts.length).fill(0);
-    for (const [r, g] of this.regions) {
-      if (g.n === 0) fail(`region ${r} is empty but kept`);
-      if (g.n > g.cap) fail(`region ${r} holds ${g.n} extents in a capacity of ${g.cap}`);
-      const I = g.ints;
-      for (let i = 0; i < g.n; i++) {
-        const off = I[3 * i]!;
-        const len = I[3 * i + 1]!;
-        const id = I[3 * i + 2]!;
+    for (const [r, a] of this.regions) {
+      const I = this.pool.ints[a >>> 16]!;
+      const A = this.pool.at[a >>> 16]!;
+      const e = (a & 0xffff) + 1;
+      const n = I[3 * e - 3]!;
+      const order = I[3 * e - 2]!;
+      if (n <= 0) fail(`region ${r} is empty or free (${n}) but kept`);
+      if (!(order >= MIN_ORDER && n + 1 <= 1 << order)) fail(`region ${r} holds ${n} extents in a block of order ${order}`);
+      blockSlots += 1 << order;
+      for (let i = 0; i < n; i++) {
+        const x = 3 * (e + i);
+        const off = I[x]!;
+        const len = I[x + 1]!;
+        const id = I[x + 2]!;
         if (!(off >= 0 && len > 0 && off + len <= this.regionSize)) fail(`region ${r} extent ${i} [${off}, +${len}) outside the region`);
         if (i > 0) {
-          const pEnd = I[3 * i - 3]! + I[3 * i - 2]!;
+          const pEnd = I[x - 3]! + I[x - 2]!;
           if (pEnd > off) fail(`region ${r} extents ${i - 1} and ${i} overlap or are out of order`);
-          if (pEnd === off && I[3 * i - 1] === id && (id < 0 || g.at[i - 1]! + I[3 * i - 2]! === g.at[i])) fail(`region ${r} extents ${i - 1} and ${i} are joinable`);
+          if (pEnd === off && I[x - 1] === id && (id < 0 || A[e + i - 1]! + I[x - 2]! === A[e + i])) fail(`region ${r} extents ${i - 1} and ${i} are joinable`);
         }
         if (id >= 0) {
           if (this.firsts[id] === undefined) fail(`region ${r} extent ${i} names free entry ${id}`);
           refs[id]!++;
         } else if (id < MIN_CONSTANT) fail(`region ${r} extent ${i} has id ${id}`);
       }
-      total += g.n;
+      total += n;
     }
     if (total !== this.count) fail(`size ${this.count}, counted ${total}`);
+    const free = this.pool.freeSlots();
+    if (free + this.pool.used !== this.pool.slots) fail(`pool: ${this.pool.slots} slots, ${this.pool.used} in blocks, ${free} free`);
+    if (!this.cow.isOpen && blockSlots !== this.pool.used) fail(`pool: ${this.pool.used} slots in blocks, the regions have ${blockSlots}`);
     let live = 0;
     for (let id = 0; id < this.firsts.length; id++) {
       if (this.firsts[id] === undefined) continue;
@@ -477,23 +666,27 @@ export class PackedExtentMap<V> {
   }
 }
 
-/** Index of the first extent of the region whose end is past `rel` (n if none). */
-function firstEndingAfter(I: Int32Array, n: number, rel: number): number {
+/** Bytes per slot: an f64 and three i32. */
+const SLOT_BYTES = 20;
+
+/** Index of the first extent (of the n starting at slot e) whose end is past `rel` (n if none). */
+function firstEndingAfter(I: Int32Array, e: number, n: number, rel: number): number {
   let lo = 0;
   let hi = n;
   while (lo < hi) {
     const mid = (lo + hi) >>> 1;
-    if (I[3 * mid]! + I[3 * mid + 1]! <= rel) lo = mid + 1;
+    const x = 3 * (e + mid);
+    if (I[x]! + I[x + 1]! <= rel) lo = mid + 1;
     else hi = mid;
   }
   return lo;
 }
 
-function put(g: Region, k: number, off: number, len: number, id: number, at: number): void {
-  g.ints[3 * k] = off;
-  g.ints[3 * k + 1] = len;
-  g.ints[3 * k + 2] = id;
-  g.at[k] = at;
+function put(I: Int32Array, A: Float64Array, slot: number, off: number, len: number, id: number, at: number): void {
+  I[3 * slot] = off;
+  I[3 * slot + 1] = len;
+  I[3 * slot + 2] = id;
+  A[slot] = at;
 }
 
 /** Offsets and lengths are whole bytes (an int32 would silently truncate a fraction). */

@@ -453,3 +453,29 @@ test('packed: appends in order build what ExtentMap builds, extents running acro
     checkPair(t, p, `run ${run}, after changes`);
   }
 });
+
+test('packed: the pool gives memory back: blocks grow, shrink and merge, and pages free again are released', (t) => {
+  const rnd = seededRandom(26);
+  const regionSize = 64 * 1024;
+  const m = new PackedExtentMap<L>(CODEC, { regionSize });
+  // 200k extents of 512 bytes with gaps, over 3,200 regions of up to 64 extents.
+  for (let i = 0; i < 200_000; i++) m.set(i * 1024, 512, i % 3 ? ZERO_L : loc(`o${i % 50}`, i));
+  t.is(m.size, 200_000);
+  m.verify();
+  const full = m.poolBytes;
+  t.true(full >= 200_000 * 20 && full <= 200_000 * 20 * 4.5, `${full} bytes of pool for 200k extents`);
+  // A view keeps the blocks of the regions that change while it is open, then lets them go.
+  const view = m.freeze();
+  for (let i = 0; i < 2000; i++) m.delete(Math.floor(rnd() * 200_000) * 1024, 100_000);
+  t.true(m.poolBytes > full / 2, 'the view keeps what it may still read');
+  view.close();
+  m.verify();
+  for (let i = 0; i < 200_000; i += 1) m.delete(i * 1024, 1024);
+  m.verify();
+  t.is(m.size, 0);
+  t.true(m.poolBytes <= 65536 * 20, `${m.poolBytes} bytes left: at most one spare page`);
+  // And it is reused.
+  for (let i = 0; i < 1000; i++) m.set(i * 4096, 512, ZERO_L);
+  m.verify();
+  t.is(m.size, 1000);
+});
