@@ -196,10 +196,10 @@ export class ExtentMap<V> {
     const view = this.cow.open();
     return {
       size: this.count,
-      walk: (fn, pause, chunk) => view.walk((_r, arr) => {
+      walk: (fn, pause, chunk, due) => view.walk((_r, arr) => {
         for (const e of arr) if (fn(e.offset, e.length, e.value) === false) return false;
         return arr.length;
-      }, pause, chunk),
+      }, pause, chunk, due),
       close: view.close,
     };
   }
@@ -253,10 +253,12 @@ export interface FrozenExtentMap<V> {
   readonly size: number;
   /**
    * Call `fn` for every extent at freeze time in offset order, awaiting `pause` after about
-   * every `chunk` extents or region numbers; `fn` returning false ends the walk. Only while
-   * the view is open (a packed map may reuse what it names once it is closed).
+   * every `chunk` extents or region numbers, or earlier once `due` says the chunk has taken
+   * long enough (asked after each region, and every 256 region numbers); `fn` returning
+   * false ends the walk. Only while the view is open (a packed map may reuse what it names
+   * once it is closed).
    */
-  walk(fn: (offset: number, length: number, value: V) => void | false, pause: () => Promise<void>, chunk: number): Promise<void>;
+  walk(fn: (offset: number, length: number, value: V) => void | false, pause: () => Promise<void>, chunk: number, due?: () => boolean): Promise<void>;
   /** Stop keeping this view (the map stops copying regions for it). */
   close(): void;
 }
@@ -302,10 +304,10 @@ export class RegionViews<R> {
 
   /**
    * A view of the regions as they are now: `walk` visits them in region order (`visit`
-   * returns the work it did, in extents, or false to stop), awaiting `pause` after about
-   * every `chunk` extents or region numbers; `close` ends the view.
+   * returns the work it did, in extents, or false to stop), awaiting `pause` as
+   * FrozenExtentMap.walk says; `close` ends the view.
    */
-  open(): { walk: (visit: (r: number, g: R) => number | false, pause: () => Promise<void>, chunk: number) => Promise<void>; close: () => void } {
+  open(): { walk: (visit: (r: number, g: R) => number | false, pause: () => Promise<void>, chunk: number, due?: () => boolean) => Promise<void>; close: () => void } {
     const view = { saved: new Map<number, R | undefined>() };
     this.views.push(view);
     const regions = this.regions;
@@ -330,7 +332,7 @@ export class RegionViews<R> {
     // A region is in the view if it was in the map at freeze time: saved (changed since) with
     // its region, or not saved and still in the map (unchanged since).
     const at = (r: number): R | undefined => (view.saved.has(r) ? view.saved.get(r) : regions.get(r));
-    const walk = async (visit: (r: number, g: R) => number | false, pause: () => Promise<void>, chunk: number): Promise<void> => {
+    const walk = async (visit: (r: number, g: R) => number | false, pause: () => Promise<void>, chunk: number, due?: () => boolean): Promise<void> => {
       // Region numbers in order without one big sort (262,144 regions in a 1 TiB volume took
       // tens of ms to sort): bucketed by their high part, each bucket sorted when its turn
       // comes. Collected a chunk at a time while the map may change: every region that existed
@@ -343,7 +345,10 @@ export class RegionViews<R> {
         if (list) list.push(r); else buckets.set(b, [r]);
       };
       let n = 0;
-      for (const r of regions.keys()) { add(r); if (++n % chunk === 0) await pause(); }
+      for (const r of regions.keys()) {
+        add(r);
+        if (++n >= chunk || ((n & 255) === 0 && due?.())) { n = 0; await pause(); }
+      }
       for (const r of view.saved.keys()) add(r);
       const order = [...buckets.keys()].sort((a, b) => a - b);
       let work = 0;
@@ -357,7 +362,7 @@ export class RegionViews<R> {
           const w = visit(list[i]!, g);
           if (w === false) return;
           work += w;
-          if (work >= chunk) { work = 0; await pause(); }
+          if (work >= chunk || (due !== undefined && work > 0 && due())) { work = 0; await pause(); }
         }
       }
     };

@@ -6,9 +6,13 @@
  * value), ~90 B each. Nothing in baton walks them at once any more, but V8's garbage
  * collector does: marking ~0.85 GB of small objects gave incremental steps of up to 38 ms
  * and atomic pauses of 0.1-3 s, i.e. event-loop stalls of 90-250 ms while checkpointing or
- * recovering a 10M-extent map (bench/scale.ts, issue 12). Here a region is a few objects
- * whatever it holds, and the extents are numbers in an ArrayBuffer, which the GC never
- * traces: the heap holds ~4 objects per region and one per object-store object named.
+ * recovering a 10M-extent map (bench/scale.ts, issue 12). Here the extents are numbers in
+ * typed arrays, which the GC never traces, and the heap holds no object per extent and none
+ * per region either: a first version with one ArrayBuffer per region still had ~4 objects per
+ * region (262k regions in a sparse 1 TiB volume: 88 MiB of heap, and scavenges of 10-50 ms
+ * copying new regions while a map was recovered). What is left on the heap: the Map from
+ * region number to block address (one hash table of small integers), the pool's pages, and
+ * the source table (a few objects per object-store object the map names).
  *
  * Values. Every value is either a *constant* (the same for every byte it covers, like
  * "zeroes": slicing returns it; two neighbours join when they are the same constant) or a
@@ -20,11 +24,12 @@
  * by a string; the map interns each source once in a table and stores its id.
  *
  * Layout: the same fixed regions as ExtentMap (extents never cross a region boundary, an
- * update costs the extents of one region). A region is one ArrayBuffer with two views:
- * Float64 `at` (position in the source; 0 for constants) and Int32 `ints`, three per extent
- * (offset from the region's start, length, value id: < 0 a constant, else a table entry),
- * sorted by offset, 20 bytes per extent. Capacity doubles when full and halves when a
- * quarter full. Offsets and lengths within a region fit an int32: regionSize <= 2^30.
+ * update costs the extents of one region). A region is a block of slots in a SlotPool (see
+ * there: pages of typed arrays, a buddy allocator): a header slot (extent count, block
+ * order), then one slot per extent, sorted by offset: Int32 offset from the region's start,
+ * length, value id (< 0 a constant, else a table entry), and Float64 position in the source
+ * (0 for constants): 20 bytes. A block doubles when full and halves when a quarter full.
+ * Offsets and lengths within a region fit an int32: regionSize <= 2^30.
  *
  * The source table is reference-counted: refs[id] is how many extents of the live map name
  * id. When it drops to 0 the entry is freed and its id reused (so the table follows the
@@ -35,12 +40,16 @@
  * name an entry the live map dropped: while any view is open, entries that reach 0 are only
  * noted, and freed when the last view closes (if nothing took them up again meanwhile).
  *
+ * Frozen views (freeze) work as ExtentMap's, by region: while a view is open, a region about
+ * to change is first copied to a new block and the view keeps the old one (pinned until the
+ * last view that saved it closes; then it goes back to the pool).
+ *
  * Why a class of its own and not a codec option of ExtentMap: the two layouts share no
- * update code (array splices of objects vs. moves within typed arrays), a class with both
- * would branch in every method, and the write buffer (values are Buffers, few extents,
- * short-lived) keeps ExtentMap as it was. What they share is in extent-map.ts: the region
- * walk of frozen views (RegionViews), the lookup piece shape and gap merging. The unit
- * tests run both against one byte model and against each other.
+ * update code (array splices of objects vs. moves within typed arrays and a block pool), a
+ * class with both would branch in every method, and the write buffer (values are Buffers,
+ * few extents, short-lived) keeps ExtentMap as it was. What they share is in extent-map.ts:
+ * the copy-on-write views and their region walk (RegionViews), the lookup piece shape and
+ * gap merging. The unit tests run both against one byte model and against each other.
  */
 
 import { REGION_SIZE, RegionViews, pushGap, type Extent, type FrozenExtentMap, type Piece } from './extent-map.js';
@@ -579,7 +588,7 @@ export class PackedExtentMap<V> {
     const regionSize = this.regionSize;
     return {
       size: this.count,
-      walk: (fn, pause, chunk) => view.walk((r, a) => {
+      walk: (fn, pause, chunk, due) => view.walk((r, a) => {
         const I = this.pool.ints[a >>> 16]!;
         const A = this.pool.at[a >>> 16]!;
         const e = (a & 0xffff) + 1;
@@ -590,7 +599,7 @@ export class PackedExtentMap<V> {
           if (fn(base + I[x]!, I[x + 1]!, this.value(I[x + 2]!, A[e + i]!)) === false) return false;
         }
         return n;
-      }, pause, chunk),
+      }, pause, chunk, due),
       close: view.close,
     };
   }

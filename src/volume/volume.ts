@@ -39,7 +39,7 @@ import type { Logger } from '../log.js';
 import { PUT_ID_META } from '../store/decorators.js';
 import { listAll, type LocalObjects, type ObjectStore } from '../store/object-store.js';
 import {
-  CHECKPOINT_CHUNK, SRC_HOLE, SRC_INLINE, SRC_ZERO, decodeCheckpoint, decodeLogHeader, decodeVolumeRecord, encodeCheckpoint, encodeLogRecord, fenceAfter, followsChain, keys,
+  CHECKPOINT_CHUNK, CHUNK_MS, SRC_HOLE, SRC_INLINE, SRC_ZERO, decodeCheckpoint, decodeLogHeader, decodeVolumeRecord, encodeCheckpoint, encodeLogRecord, fenceAfter, followsChain, keys,
   logHeaderLength, maxOperationMs, recordCounts, seqFromKey, timeBounds,
   type CheckpointData, type LogHeader, type RecordExtent, type VolumeRecord,
 } from './format.js';
@@ -1201,10 +1201,10 @@ export class Volume implements BlockBackend {
       ...(this.lastRecordId !== undefined ? { lastId: this.lastRecordId } : {}),
     };
     const t0 = this.world.now();
-    const pause = (): Promise<void> => this.world.yield();
+    const { pause, due } = slices(this.world);
     // Create-only, like log records: a stale writer can never replace a checkpoint (see
     // "The log is a chain"). A position's checkpoint is only ever written once by its writer.
-    this.checkpointing = encodeCheckpoint(header, (fn, p) => walkCheckpoint(view, fn, p), pause)
+    this.checkpointing = encodeCheckpoint(header, (fn, p) => walkCheckpoint(view, fn, p, due), pause)
       .finally(() => view.close())
       .then((body) => this.store.put(keys.checkpoint(this.id, seq), body, { ifNoneMatch: true }).then(() => body.length))
       .then((bytes) => { this.lastCheckpointSeq = Math.max(this.lastCheckpointSeq, seq); this.log.debug({ seq, bytes, extents: view.size, ms: Math.round(this.world.now() - t0) }, 'checkpoint written'); })
@@ -1290,10 +1290,11 @@ export class Volume implements BlockBackend {
    */
   async forEachCommitted(fn: (e: { offset: number; length: number; key: string | null; off: number; size: number }) => void | false): Promise<void> {
     const view = this.committed.freeze();
+    const { pause, due } = slices(this.world);
     try {
       await walkFrozen(view, (offset, length, v) => (isZero(v)
         ? fn({ offset, length, key: null, off: 0, size: 0 })
-        : fn({ offset, length, key: v.key, off: v.off, size: v.size })), () => this.world.yield());
+        : fn({ offset, length, key: v.key, off: v.off, size: v.size })), pause, due);
     } finally {
       view.close();
     }
@@ -1373,6 +1374,7 @@ function applyRecord(map: PackedExtentMap<Loc>, volumeSize: number, key: string,
  */
 async function mapOfCheckpoint(c: CheckpointData, volumeSize: number, world: World): Promise<PackedExtentMap<Loc>> {
   const m = newCommittedMap();
+  const { pause, due } = slices(world);
   try {
     await c.forEachExtent(volumeSize, (off, len, src, srcOff) => {
       if (src === SRC_HOLE) m.append(off, len, HOLE);
@@ -1381,7 +1383,7 @@ async function mapOfCheckpoint(c: CheckpointData, volumeSize: number, world: Wor
         const o = c.objects[src]!;
         m.append(off, len, { key: o[0], off: srcOff, size: o[1] });
       }
-    }, () => world.yield());
+    }, pause, CHECKPOINT_CHUNK, due);
   } catch (err) {
     // append refuses extents out of order or overlapping: a checkpoint no writer wrote.
     if (err instanceof RangeError) throw new CorruptError(`checkpoint ${c.seq} of volume ${c.volumeId}: ${err.message}`);
@@ -1391,20 +1393,33 @@ async function mapOfCheckpoint(c: CheckpointData, volumeSize: number, world: Wor
 }
 
 /**
- * Every extent of a frozen map in volume order, the event loop free every CHECKPOINT_CHUNK
- * extents (`pause`); `fn` returning false ends the walk. The one walk of whole maps: the
- * checkpoint encoder, compaction planning, GC and accounting all go through it.
+ * How a long synchronous walk lets the event loop turn: `pause` after a chunk, and `due` once
+ * the current chunk has taken CHUNK_MS of the world's time (the walks pause after
+ * CHECKPOINT_CHUNK items or when due, whichever comes first).
  */
-function walkFrozen(view: FrozenExtentMap<Loc>, fn: (offset: number, length: number, value: Loc) => void | false, pause: () => Promise<void>): Promise<void> {
-  return view.walk(fn, pause, CHECKPOINT_CHUNK);
+function slices(world: World): { pause: () => Promise<void>; due: () => boolean } {
+  let since = world.now();
+  return {
+    pause: async () => { await world.yield(); since = world.now(); },
+    due: () => world.now() - since >= CHUNK_MS,
+  };
+}
+
+/**
+ * Every extent of a frozen map in volume order, the event loop free every CHECKPOINT_CHUNK
+ * extents or when `due` (`pause`); `fn` returning false ends the walk. The one walk of whole
+ * maps: the checkpoint encoder, compaction planning, GC and accounting all go through it.
+ */
+function walkFrozen(view: FrozenExtentMap<Loc>, fn: (offset: number, length: number, value: Loc) => void | false, pause: () => Promise<void>, due?: () => boolean): Promise<void> {
+  return view.walk(fn, pause, CHECKPOINT_CHUNK, due);
 }
 
 /** A frozen committed map as the checkpoint encoder walks it (format.ts encodeCheckpoint). */
-function walkCheckpoint(view: FrozenExtentMap<Loc>, fn: (offset: number, length: number, key: string | null, src: number, srcOff: number, objectSize: number) => void, pause: () => Promise<void>): Promise<void> {
+function walkCheckpoint(view: FrozenExtentMap<Loc>, fn: (offset: number, length: number, key: string | null, src: number, srcOff: number, objectSize: number) => void, pause: () => Promise<void>, due?: () => boolean): Promise<void> {
   return walkFrozen(view, (offset, length, v) => {
     if (isZero(v)) fn(offset, length, null, v.hole ? SRC_HOLE : SRC_ZERO, 0, 0);
     else fn(offset, length, v.key, 0, v.off, v.size);
-  }, pause);
+  }, pause, due);
 }
 
 /** Run `fn` over `items` with at most `limit` in flight; results in input order. */

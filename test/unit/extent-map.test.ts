@@ -479,3 +479,21 @@ test('packed: the pool gives memory back: blocks grow, shrink and merge, and pag
   m.verify();
   t.is(m.size, 1000);
 });
+
+test('a frozen walk also pauses when `due` says the chunk took long enough, before `chunk` extents', async (t) => {
+  const packed = new PackedExtentMap<L>(CODEC, { regionSize: 512 });
+  const plain = new ExtentMap<L>(sliceL, { join: joinL, regionSize: 512 });
+  for (let i = 0; i < 100; i++) { packed.set(i * 512, 100, ZERO_L); plain.set(i * 512, 100, ZERO_L); } // 100 regions of one extent
+  for (const m of [packed, plain]) {
+    const view = m.freeze();
+    let pauses = 0;
+    let seen = 0;
+    await view.walk(() => { seen++; }, async () => { pauses++; }, 1_000_000, () => true);
+    t.is(seen, 100);
+    t.true(pauses >= 100, `${pauses} pauses: one after each region`);
+    pauses = 0;
+    await view.walk(() => {}, async () => { pauses++; }, 1_000_000, () => false);
+    t.is(pauses, 0, 'never due, chunk never reached');
+    view.close();
+  }
+});
