@@ -183,7 +183,11 @@ export class ExtentMap<V> {
 
   // ---------------------------------------------------------------- frozen views
 
-  /** Copy-on-write views (see RegionViews): an array is copied before it changes while a view keeps it. */
+  /**
+   * Copy-on-write views (see RegionViews): an array is copied before it changes while a view
+   * keeps it. Extents are never changed in place (a set makes new ones), so copying the array
+   * is enough.
+   */
   private readonly cow = new RegionViews<Extent<V>[]>(this.regions, (arr) => arr.slice());
 
   /**

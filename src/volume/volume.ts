@@ -1353,7 +1353,8 @@ export class ChainBrokenError extends CorruptError {
 /** Apply one log record's extents to a map. */
 function applyRecord(map: PackedExtentMap<Loc>, volumeSize: number, key: string, h: LogHeader, dataStart: number, recordSize: number): void {
   for (const [off, len, src, srcOff] of h.extents) {
-    if (off < 0 || len <= 0 || off + len > volumeSize) throw new CorruptError(`${key}: extent out of range`);
+    // Whole bytes too: the committed map refuses fractions (RangeError), which is corruption here.
+    if (!Number.isSafeInteger(off) || !Number.isSafeInteger(len) || off < 0 || len <= 0 || off + len > volumeSize) throw new CorruptError(`${key}: extent out of range`);
     let loc: Loc;
     if (src === SRC_HOLE) loc = HOLE;
     else if (src === SRC_ZERO) loc = ZERO;
