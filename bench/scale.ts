@@ -24,11 +24,12 @@
  *
  * The event loop's delay is measured by a 1 ms interval timer (the longest gap between two of
  * its ticks minus 1 ms) and perf_hooks' monitorEventLoopDelay (p99), both in this process,
- * which is what a host serving other volumes meanwhile would see. On a shared machine part of
- * a gap may be time the main thread waited for a CPU; the "own" maximum takes that out (the
- * main thread's run-queue wait from /proc/thread-self/schedstat, read at every tick). That
- * wait is behind any runnable thread, this process's own GC helpers and libuv pool included,
- * so the raw maximum stays the number to meet; the other says whose the gap was.
+ * which is what a host serving other volumes meanwhile would see. On a shared machine much of
+ * a gap may be time the main thread waited for a CPU, or was blocked: the main thread's
+ * scheduler times (/proc/thread-self/schedstat, read at every tick) say how much of each gap
+ * it ran (the "cpu" number: what this process held the loop for) and waited on the run queue.
+ * That wait is behind any runnable thread, this process's own GC helpers and libuv pool
+ * included, so the raw maximum stays the number to meet; the others say whose a gap was.
  *
  * Knobs (environment): EXTENTS (10k,1M,10M), READS (20000), DATA_EVERY (100), FLUSH_EVERY (50000), SEED (1), SCALE_GAPS (1: print
  * every gap of the event loop over 30 ms with its time, to line up with node --trace-gc; a
@@ -83,12 +84,21 @@ const schedstat = ((): (() => [number, number]) | null => {
   };
 })();
 
-interface Delay { maxDelayMs: number; p99DelayMs: number; ownMaxDelayMs: number | null }
+interface Delay {
+  maxDelayMs: number;
+  p99DelayMs: number;
+  /** The longest gap less the time the main thread waited for a CPU during it. */
+  ownMaxDelayMs: number | null;
+  /** The most CPU time the main thread used within one gap (±1 kernel tick): what this process held the loop for. */
+  cpuMaxMs: number | null;
+}
 
 /**
  * The event loop's delay while `fn` runs: the longest gap of a 1 ms timer, and the delay
- * histogram's p99; and `ownMaxDelayMs`, the longest gap less the time the main thread spent
- * waiting for a CPU meanwhile (what this process itself held the loop for: its JS, its GC).
+ * histogram's p99; `ownMaxDelayMs`, the longest gap less the time the main thread spent
+ * waiting for a CPU meanwhile; and `cpuMaxMs`, the most CPU time the main thread used within
+ * one gap (its JS, its GC: what this process itself held the loop for; the rest of a gap is
+ * waiting for a CPU, or blocked).
  */
 async function withDelay<T>(fn: () => Promise<T>): Promise<{ value: T; ms: number } & Delay> {
   const h = monitorEventLoopDelay({ resolution: 1 });
@@ -96,6 +106,7 @@ async function withDelay<T>(fn: () => Promise<T>): Promise<{ value: T; ms: numbe
   let [lastRun, lastWait] = schedstat ? schedstat() : [0, 0];
   let maxGap = 0;
   let maxOwn = 0;
+  let maxCpu = 0;
   const gaps: string[] = [];
   const tick = (): void => {
     const now = performance.now();
@@ -107,6 +118,7 @@ async function withDelay<T>(fn: () => Promise<T>): Promise<{ value: T; ms: numbe
     if (GAPS_MS > 0 && gap > GAPS_MS) gaps.push(`${Math.round(last)}: ${Math.round(gap)} ms${schedstat ? ` (${Math.round((run - lastRun) / 1e6)} on a CPU, ${Math.round(waited)} waiting for one)` : ''}`);
     maxGap = Math.max(maxGap, gap);
     maxOwn = Math.max(maxOwn, gap - waited);
+    maxCpu = Math.max(maxCpu, (run - lastRun) / 1e6);
     last = now;
     lastRun = run;
     lastWait = wait;
@@ -119,17 +131,17 @@ async function withDelay<T>(fn: () => Promise<T>): Promise<{ value: T; ms: numbe
     const ms = performance.now() - t0;
     tick();
     if (gaps.length) log(`    gaps over ${GAPS_MS} ms (at ms since start): ${gaps.slice(0, 20).join(', ')}`);
-    return { value, ms, maxDelayMs: Math.max(0, maxGap - 1), p99DelayMs: h.percentile(99) / 1e6, ownMaxDelayMs: schedstat ? Math.max(0, maxOwn - 1) : null };
+    return { value, ms, maxDelayMs: Math.max(0, maxGap - 1), p99DelayMs: h.percentile(99) / 1e6, ownMaxDelayMs: schedstat ? Math.max(0, maxOwn - 1) : null, cpuMaxMs: schedstat ? maxCpu : null };
   } finally {
     clearInterval(timer);
     h.disable();
   }
 }
 
-const pick = (d: Delay): Delay => ({ maxDelayMs: d.maxDelayMs, p99DelayMs: d.p99DelayMs, ownMaxDelayMs: d.ownMaxDelayMs });
-/** "max a, p99 b (c less CPU waits)" for the log; "a / b (c)" for the table. */
-const delayLog = (d: Delay): string => `event loop delay max ${fmt(d.maxDelayMs)} ms, p99 ${fmt(d.p99DelayMs)} ms${d.ownMaxDelayMs !== null ? `, max less waits for a CPU ${fmt(d.ownMaxDelayMs)} ms` : ''}`;
-const delayCell = (d: Delay): string => `${fmt(d.maxDelayMs)} / ${fmt(d.p99DelayMs)}${d.ownMaxDelayMs !== null ? ` (${fmt(d.ownMaxDelayMs)})` : ''}`;
+const pick = (d: Delay): Delay => ({ maxDelayMs: d.maxDelayMs, p99DelayMs: d.p99DelayMs, ownMaxDelayMs: d.ownMaxDelayMs, cpuMaxMs: d.cpuMaxMs });
+/** The delays for the log; "max / p99 (most on a CPU in one gap)" for the table. */
+const delayLog = (d: Delay): string => `event loop delay max ${fmt(d.maxDelayMs)} ms, p99 ${fmt(d.p99DelayMs)} ms${d.cpuMaxMs !== null ? `; less waits for a CPU ${fmt(d.ownMaxDelayMs!)} ms, at most ${fmt(d.cpuMaxMs)} ms on a CPU in one gap` : ''}`;
+const delayCell = (d: Delay): string => `${fmt(d.maxDelayMs)} / ${fmt(d.p99DelayMs)}${d.cpuMaxMs !== null ? ` (${fmt(d.cpuMaxMs)})` : ''}`;
 
 interface SizeResult {
   asked: number;
@@ -263,7 +275,7 @@ async function main(): Promise<void> {
   const L: string[] = [];
   L.push('# scale: maps of many extents\n');
   L.push(`${new Date(started).toISOString().slice(0, 16).replace('T', ' ')} UTC, ${machine.nproc} cores, node ${machine.node}, baton ${machine.batonCommit ?? '?'}; whole run ${((Date.now() - started) / 1000).toFixed(0)} s.`);
-  L.push(`A 1 TiB volume on a \`file:\` store; random 4 KiB-aligned offsets, one in ${DATA_EVERY} a 4 KiB write of random bytes, the rest 4 KiB WRITE_ZEROES (NO_HOLE), a flush every ${FLUSH_EVERY.toLocaleString('en-US')} operations, all through the engine (Volume.write / zero / flush). Event loop delay, "max / p99 (own max)": the longest gap of a 1 ms timer in the same process (what a host serving other volumes meanwhile sees), monitorEventLoopDelay's p99, and in parentheses the longest gap less the time the main thread waited for a CPU during it (Linux schedstat: on a shared machine, a gap spent waiting for a CPU is another process's doing). Memory: growth of the JS heap plus ArrayBuffer memory (where the packed committed map keeps its extents) over the build, after a full GC. Serving: ${READS.toLocaleString('en-US')} random 4 KiB reads one after the other on the recovered volume.\n`);
+  L.push(`A 1 TiB volume on a \`file:\` store; random 4 KiB-aligned offsets, one in ${DATA_EVERY} a 4 KiB write of random bytes, the rest 4 KiB WRITE_ZEROES (NO_HOLE), a flush every ${FLUSH_EVERY.toLocaleString('en-US')} operations, all through the engine (Volume.write / zero / flush). Event loop delay, "max / p99 (cpu)": the longest gap of a 1 ms timer in the same process (what a host serving other volumes meanwhile sees), monitorEventLoopDelay's p99, and in parentheses the most CPU time the main thread used within one gap (Linux schedstat, ±1 kernel tick: on a shared machine the rest of a gap is waiting for a CPU or blocked; scale.json also has each phase's longest gap less its run-queue waits). Memory: growth of the JS heap plus ArrayBuffer memory (where the packed committed map keeps its extents) over the build, after a full GC. Serving: ${READS.toLocaleString('en-US')} random 4 KiB reads one after the other on the recovered volume.\n`);
   L.push(markdownTable(
     ['extents', 'build, s', 'memory per extent (heap + array buffers), B', 'of it heap, B', 'RSS growth, MiB', 'checkpoint, ms', 'checkpoint size', 'delay while checkpointing, ms', 'recovery on a new host, ms', 'delay while recovering, ms', 'compaction planning, ms', 'delay while planning, ms', 'random 4 KiB read, µs', 'delay while serving reads, ms'],
     results.map((r) => [
