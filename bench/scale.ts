@@ -10,19 +10,30 @@
  * FLUSH_EVERY (50,000) operations; extents that land next to each other merge, so the map
  * ends slightly below the count asked for (the table says how many it has). Then:
  *
- *   build       time, commits, RSS and heap per extent after the build (global.gc first);
+ *   build       time, commits, RSS, and memory per extent after the build (global.gc first):
+ *               the JS heap plus ArrayBuffer memory (process.memoryUsage().arrayBuffers, outside
+ *               the heap: where the packed committed map, cow/packed-map.ts, keeps its extents);
  *   checkpoint  a forced checkpoint of the whole map: time until it is in the store, its
  *               size, the event loop's delay (max, p99) meanwhile;
  *   recovery    Volume.open on a new catalog (a host with nothing of the volume in memory):
  *               time, event loop delay max meanwhile;
- *   compaction  compactionCandidates (the planning walk over the whole map): time, delay max.
+ *   compaction  compactionCandidates (the planning walk over the whole map): time, delay max;
+ *   serving     READS (20,000) random 4 KiB reads through Volume.read on the recovered volume,
+ *               one at a time, each in an event-loop turn of its own (as requests from a socket
+ *               are; every read resolves through the map): time per read, delay max and p99.
  *
  * The event loop's delay is measured by a 1 ms interval timer (the longest gap between two of
  * its ticks minus 1 ms) and perf_hooks' monitorEventLoopDelay (p99), both in this process,
- * which is what a host serving other volumes meanwhile would see.
+ * which is what a host serving other volumes meanwhile would see. On a shared machine much of
+ * a gap may be time the main thread waited for a CPU, or was blocked: the main thread's
+ * scheduler times (/proc/thread-self/schedstat, read at every tick) say how much of each gap
+ * it ran (the "cpu" number: what this process held the loop for) and waited on the run queue.
+ * That wait is behind any runnable thread, this process's own GC helpers and libuv pool
+ * included, so the raw maximum stays the number to meet; the others say whose a gap was.
  *
- * Knobs (environment): EXTENTS (10k,1M,10M), DATA_EVERY (100), FLUSH_EVERY (50000), SEED (1), SCALE_GAPS (1: print
- * every gap of the event loop over 30 ms with its time, to line up with node --trace-gc).
+ * Knobs (environment): EXTENTS (10k,1M,10M), READS (20000), DATA_EVERY (100), FLUSH_EVERY (50000), SEED (1), SCALE_GAPS (1: print
+ * every gap of the event loop over 30 ms with its time, to line up with node --trace-gc; a
+ * number above 1: over that many ms).
  * Results: bench/results/scale.md and scale.json. Run with node --expose-gc for the memory rows
  * (bench/run.sh does).
  */
@@ -50,33 +61,87 @@ const EXTENTS = (process.env.EXTENTS || '10k,1M,10M').split(',').map(parseCount)
 const DATA_EVERY = Math.max(1, Number(process.env.DATA_EVERY || 100));
 const FLUSH_EVERY = Math.max(1, Number(process.env.FLUSH_EVERY || 50_000));
 const SEED = Number(process.env.SEED || 1);
+const READS = Math.max(1, Number(process.env.READS || 20_000));
+/** SCALE_GAPS=1: print event-loop gaps over 30 ms; SCALE_GAPS=N (> 1): over N ms. */
+const GAPS_MS = !process.env.SCALE_GAPS ? 0 : Number(process.env.SCALE_GAPS) > 1 ? Number(process.env.SCALE_GAPS) : 30;
 const log = (s: string): void => { process.stderr.write(s + '\n'); };
 const gc = (): void => { (globalThis as { gc?: () => void }).gc?.(); };
 
-/** The event loop's delay while `fn` runs: the longest gap of a 1 ms timer, and the delay histogram's p99. */
-async function withDelay<T>(fn: () => Promise<T>): Promise<{ value: T; ms: number; maxDelayMs: number; p99DelayMs: number }> {
+/**
+ * The main thread's scheduler times (Linux /proc/thread-self/schedstat): ns on a CPU and ns
+ * waiting for one on the run queue. The machine these benches run on is shared: an event
+ * loop gap during which the main thread waited for a CPU is another process's doing, and the
+ * wait is what tells them apart. Null where there is no schedstat.
+ */
+const schedstat = ((): (() => [number, number]) | null => {
+  let fd: number;
+  try { fd = fs.openSync('/proc/thread-self/schedstat', 'r'); } catch { return null; }
+  const buf = Buffer.alloc(128);
+  return () => {
+    const n = fs.readSync(fd, buf, 0, buf.length, 0);
+    const [run, wait] = buf.toString('latin1', 0, n).split(' ');
+    return [Number(run), Number(wait)];
+  };
+})();
+
+interface Delay {
+  maxDelayMs: number;
+  p99DelayMs: number;
+  /** The longest gap less the time the main thread waited for a CPU during it. */
+  ownMaxDelayMs: number | null;
+  /** The most CPU time the main thread used within one gap (±1 kernel tick): what this process held the loop for. */
+  cpuMaxMs: number | null;
+}
+
+/**
+ * The event loop's delay while `fn` runs: the longest gap of a 1 ms timer, and the delay
+ * histogram's p99; `ownMaxDelayMs`, the longest gap less the time the main thread spent
+ * waiting for a CPU meanwhile; and `cpuMaxMs`, the most CPU time the main thread used within
+ * one gap (its JS, its GC: what this process itself held the loop for; the rest of a gap is
+ * waiting for a CPU, or blocked).
+ */
+async function withDelay<T>(fn: () => Promise<T>): Promise<{ value: T; ms: number } & Delay> {
   const h = monitorEventLoopDelay({ resolution: 1 });
   let last = performance.now();
+  let [lastRun, lastWait] = schedstat ? schedstat() : [0, 0];
   let maxGap = 0;
-  const gaps: [number, number][] = [];
-  const timer = setInterval(() => {
+  let maxOwn = 0;
+  let maxCpu = 0;
+  const gaps: string[] = [];
+  const tick = (): void => {
     const now = performance.now();
-    if (now - last > 30 && process.env.SCALE_GAPS) gaps.push([Math.round(last), Math.round(now - last)]);
-    maxGap = Math.max(maxGap, now - last); last = now;
-  }, 1);
+    const [run, wait] = schedstat ? schedstat() : [0, 0];
+    const gap = now - last;
+    const waited = (wait - lastWait) / 1e6;
+    // The rest of a gap, neither on a CPU nor waiting for one, the thread was blocked (a
+    // synchronous read, a page fault waiting for reclaim).
+    if (GAPS_MS > 0 && gap > GAPS_MS) gaps.push(`${Math.round(last)}: ${Math.round(gap)} ms${schedstat ? ` (${Math.round((run - lastRun) / 1e6)} on a CPU, ${Math.round(waited)} waiting for one)` : ''}`);
+    maxGap = Math.max(maxGap, gap);
+    maxOwn = Math.max(maxOwn, gap - waited);
+    maxCpu = Math.max(maxCpu, (run - lastRun) / 1e6);
+    last = now;
+    lastRun = run;
+    lastWait = wait;
+  };
+  const timer = setInterval(tick, 1);
   h.enable();
   const t0 = performance.now();
   try {
     const value = await fn();
     const ms = performance.now() - t0;
-    maxGap = Math.max(maxGap, performance.now() - last);
-    if (gaps.length) log(`    gaps over 30 ms (at ms since start, ms): ${JSON.stringify(gaps.slice(0, 20))}`);
-    return { value, ms, maxDelayMs: Math.max(0, maxGap - 1), p99DelayMs: h.percentile(99) / 1e6 };
+    tick();
+    if (gaps.length) log(`    gaps over ${GAPS_MS} ms (at ms since start): ${gaps.slice(0, 20).join(', ')}`);
+    return { value, ms, maxDelayMs: Math.max(0, maxGap - 1), p99DelayMs: h.percentile(99) / 1e6, ownMaxDelayMs: schedstat ? Math.max(0, maxOwn - 1) : null, cpuMaxMs: schedstat ? maxCpu : null };
   } finally {
     clearInterval(timer);
     h.disable();
   }
 }
+
+const pick = (d: Delay): Delay => ({ maxDelayMs: d.maxDelayMs, p99DelayMs: d.p99DelayMs, ownMaxDelayMs: d.ownMaxDelayMs, cpuMaxMs: d.cpuMaxMs });
+/** The delays for the log; "max / p99 (most on a CPU in one gap)" for the table. */
+const delayLog = (d: Delay): string => `event loop delay max ${fmt(d.maxDelayMs)} ms, p99 ${fmt(d.p99DelayMs)} ms${d.cpuMaxMs !== null ? `; less waits for a CPU ${fmt(d.ownMaxDelayMs!)} ms, at most ${fmt(d.cpuMaxMs)} ms on a CPU in one gap` : ''}`;
+const delayCell = (d: Delay): string => `${fmt(d.maxDelayMs)} / ${fmt(d.p99DelayMs)}${d.cpuMaxMs !== null ? ` (${fmt(d.cpuMaxMs)})` : ''}`;
 
 interface SizeResult {
   asked: number;
@@ -85,10 +150,14 @@ interface SizeResult {
   commits: number;
   rssMiB: number;
   heapMiB: number;
+  arrayBuffersMiB: number;
+  /** Heap plus ArrayBuffer memory per extent. */
   bytesPerExtent: number;
-  checkpoint: { ms: number; bytes: number; maxDelayMs: number; p99DelayMs: number };
-  recovery: { ms: number; extents: number; maxDelayMs: number; p99DelayMs: number };
-  compactionPlan: { ms: number; maxDelayMs: number; p99DelayMs: number };
+  heapBytesPerExtent: number;
+  checkpoint: { ms: number; bytes: number } & Delay;
+  recovery: { ms: number; extents: number } & Delay;
+  compactionPlan: { ms: number } & Delay;
+  serving: { reads: number; usPerRead: number } & Delay;
 }
 
 type Catalogs = () => StoreCatalog;
@@ -101,25 +170,44 @@ async function oneSize(asked: number, root: string): Promise<SizeResult> {
   // stays reachable (its map would double the heap a new host recovers into).
   const built = await buildAndCheckpoint(asked, store, cat);
   gc();
+  // Let the writer's memory go before timing a new host: freeing its hundreds of MiB of
+  // buffers (the map's pool, the checkpoint it wrote) shows as event-loop gaps of 10-50 ms
+  // here, which a new host does not have.
+  await new Promise((resolve) => setTimeout(resolve, 1000));
 
   // Recovery on a new host: a new catalog, nothing of the volume in memory.
   const rec = await withDelay(async () => (await cat().open('v', { readOnly: true })).backend as Volume);
   const w = rec.value;
-  log(`  recovery: ${fmt(rec.ms)} ms (${w.stats().extents.toLocaleString('en-US')} extents), event loop delay max ${fmt(rec.maxDelayMs)} ms`);
+  log(`  recovery: ${fmt(rec.ms)} ms (${w.stats().extents.toLocaleString('en-US')} extents), ${delayLog(rec)}`);
   const plan = await withDelay(() => w.compactionCandidates(0.5));
-  log(`  compaction planning: ${fmt(plan.ms)} ms, event loop delay max ${fmt(plan.maxDelayMs)} ms`);
+  log(`  compaction planning: ${fmt(plan.ms)} ms, ${delayLog(plan)}`);
+  // Serving: random 4 KiB reads, each resolved through the map (most land on zero extents or
+  // gaps, one in DATA_EVERY written extents on a data object read from its file).
+  const rnd = seededRandom(SEED + asked + 1);
+  const buf = Buffer.alloc(4096);
+  const serve = await withDelay(async () => {
+    for (let i = 0; i < READS; i++) {
+      await w.read(Math.floor(rnd() * (TiB / 4096)) * 4096, 4096, buf);
+      // A request arriving from a socket is its own event-loop turn: a read of a zero extent
+      // resolves in microtasks only, so without this the loop would never turn (the whole
+      // phase would show as one delay).
+      await new Promise<void>((resolve) => setImmediate(resolve));
+    }
+  });
+  log(`  serving: ${READS} random 4 KiB reads, ${fmt((serve.ms * 1000) / READS)} µs each, ${delayLog(serve)}`);
   const recExtents = w.stats().extents;
   await w.close();
   await store.close();
   fs.rmSync(dir, { recursive: true, force: true });
   return {
     asked, ...built,
-    recovery: { ms: rec.ms, extents: recExtents, maxDelayMs: rec.maxDelayMs, p99DelayMs: rec.p99DelayMs },
-    compactionPlan: { ms: plan.ms, maxDelayMs: plan.maxDelayMs, p99DelayMs: plan.p99DelayMs },
+    recovery: { ms: rec.ms, extents: recExtents, ...pick(rec) },
+    compactionPlan: { ms: plan.ms, ...pick(plan) },
+    serving: { reads: READS, usPerRead: (serve.ms * 1000) / READS, ...pick(serve) },
   };
 }
 
-async function buildAndCheckpoint(asked: number, store: ObjectStore, cat: Catalogs): Promise<Omit<SizeResult, 'asked' | 'recovery' | 'compactionPlan'>> {
+async function buildAndCheckpoint(asked: number, store: ObjectStore, cat: Catalogs): Promise<Omit<SizeResult, 'asked' | 'recovery' | 'compactionPlan' | 'serving'>> {
   const catalog = cat();
   await catalog.create('v', TiB);
   const v = (await catalog.open('v', { readOnly: false })).backend as Volume;
@@ -147,7 +235,8 @@ async function buildAndCheckpoint(asked: number, store: ObjectStore, cat: Catalo
   const mem = process.memoryUsage();
   const rssMiB = (mem.rss - base.rss) / MiB;
   const heapMiB = (mem.heapUsed - base.heapUsed) / MiB;
-  log(`  ${extents.toLocaleString('en-US')} extents built in ${buildS.toFixed(1)} s (${v.stats().commits} commits); +${fmt(rssMiB)} MiB RSS, +${fmt(heapMiB)} MiB heap`);
+  const arrayBuffersMiB = (mem.arrayBuffers - base.arrayBuffers) / MiB;
+  log(`  ${extents.toLocaleString('en-US')} extents built in ${buildS.toFixed(1)} s (${v.stats().commits} commits); +${fmt(rssMiB)} MiB RSS, +${fmt(heapMiB)} MiB heap, +${fmt(arrayBuffersMiB)} MiB array buffers`);
 
   // Checkpoint: forced, then wait until it is in the store.
   const cpPrefix = `vol/${v.volumeId}/checkpoint/`;
@@ -160,12 +249,12 @@ async function buildAndCheckpoint(asked: number, store: ObjectStore, cat: Catalo
   const newCp = (await listAll(store, cpPrefix)).filter((o) => !cpsBefore.has(o.key));
   const cpBytes = newCp.reduce((n, o) => n + o.size, 0);
   if (newCp.length !== 1) throw new Error(`expected one new checkpoint, found ${newCp.length}`);
-  log(`  checkpoint: ${fmt(cp.ms)} ms, ${formatSize(cpBytes)}, event loop delay max ${fmt(cp.maxDelayMs)} ms, p99 ${fmt(cp.p99DelayMs)} ms`);
+  log(`  checkpoint: ${fmt(cp.ms)} ms, ${formatSize(cpBytes)}, ${delayLog(cp)}`);
   const commits = v.stats().commits;
   await v.close();
   return {
-    extents, buildS, commits, rssMiB, heapMiB, bytesPerExtent: (heapMiB * MiB) / extents,
-    checkpoint: { ms: cp.ms, bytes: cpBytes, maxDelayMs: cp.maxDelayMs, p99DelayMs: cp.p99DelayMs },
+    extents, buildS, commits, rssMiB, heapMiB, arrayBuffersMiB, bytesPerExtent: ((heapMiB + arrayBuffersMiB) * MiB) / extents, heapBytesPerExtent: (heapMiB * MiB) / extents,
+    checkpoint: { ms: cp.ms, bytes: cpBytes, ...pick(cp) },
   };
 }
 
@@ -186,16 +275,17 @@ async function main(): Promise<void> {
   const L: string[] = [];
   L.push('# scale: maps of many extents\n');
   L.push(`${new Date(started).toISOString().slice(0, 16).replace('T', ' ')} UTC, ${machine.nproc} cores, node ${machine.node}, baton ${machine.batonCommit ?? '?'}; whole run ${((Date.now() - started) / 1000).toFixed(0)} s.`);
-  L.push(`A 1 TiB volume on a \`file:\` store; random 4 KiB-aligned offsets, one in ${DATA_EVERY} a 4 KiB write of random bytes, the rest 4 KiB WRITE_ZEROES (NO_HOLE), a flush every ${FLUSH_EVERY.toLocaleString('en-US')} operations, all through the engine (Volume.write / zero / flush). Event loop delay: the longest gap of a 1 ms timer in the same process (what a host serving other volumes meanwhile sees) and monitorEventLoopDelay's p99.\n`);
+  L.push(`A 1 TiB volume on a \`file:\` store; random 4 KiB-aligned offsets, one in ${DATA_EVERY} a 4 KiB write of random bytes, the rest 4 KiB WRITE_ZEROES (NO_HOLE), a flush every ${FLUSH_EVERY.toLocaleString('en-US')} operations, all through the engine (Volume.write / zero / flush). Event loop delay, "max / p99 (cpu)": the longest gap of a 1 ms timer in the same process (what a host serving other volumes meanwhile sees), monitorEventLoopDelay's p99, and in parentheses the most CPU time the main thread used within one gap (Linux schedstat, ±1 kernel tick: on a shared machine the rest of a gap is waiting for a CPU or blocked; scale.json also has each phase's longest gap less its run-queue waits). Memory: growth of the JS heap plus ArrayBuffer memory (where the packed committed map keeps its extents) over the build, after a full GC. Serving: ${READS.toLocaleString('en-US')} random 4 KiB reads one after the other on the recovered volume.\n`);
   L.push(markdownTable(
-    ['extents', 'build, s', 'heap per extent, B', 'RSS growth, MiB', 'checkpoint, ms', 'checkpoint size', 'delay max / p99 while checkpointing, ms', 'recovery on a new host, ms', 'delay max while recovering, ms', 'compaction planning, ms', 'delay max while planning, ms'],
+    ['extents', 'build, s', 'memory per extent (heap + array buffers), B', 'of it heap, B', 'RSS growth, MiB', 'checkpoint, ms', 'checkpoint size', 'delay while checkpointing, ms', 'recovery on a new host, ms', 'delay while recovering, ms', 'compaction planning, ms', 'delay while planning, ms', 'random 4 KiB read, µs', 'delay while serving reads, ms'],
     results.map((r) => [
-      r.extents.toLocaleString('en-US'), fmt(r.buildS), fmt(r.bytesPerExtent), fmt(r.rssMiB), fmt(r.checkpoint.ms), formatSize(r.checkpoint.bytes),
-      `${fmt(r.checkpoint.maxDelayMs)} / ${fmt(r.checkpoint.p99DelayMs)}`, fmt(r.recovery.ms), fmt(r.recovery.maxDelayMs), fmt(r.compactionPlan.ms), fmt(r.compactionPlan.maxDelayMs),
+      r.extents.toLocaleString('en-US'), fmt(r.buildS), fmt(r.bytesPerExtent), fmt(r.heapBytesPerExtent), fmt(r.rssMiB), fmt(r.checkpoint.ms), formatSize(r.checkpoint.bytes),
+      delayCell(r.checkpoint), fmt(r.recovery.ms), delayCell(r.recovery), fmt(r.compactionPlan.ms), delayCell(r.compactionPlan),
+      fmt(r.serving.usPerRead), delayCell(r.serving),
     ]),
   ));
   L.push('\n```sh\nnode --expose-gc --max-old-space-size=8192 dist/bench/scale.js   # EXTENTS=10k,1M,10M (or SCENARIOS=scale npm run bench)\n```\n');
-  const out = writeResults('scale', L.join('\n'), { machine, knobs: { EXTENTS, DATA_EVERY, FLUSH_EVERY, SEED }, results });
+  const out = writeResults('scale', L.join('\n'), { machine, knobs: { EXTENTS, READS, DATA_EVERY, FLUSH_EVERY, SEED }, results });
   log(`results: ${out.md}, ${out.json}`);
 }
 

@@ -18,6 +18,11 @@
  * region, so the map's size follows how fragmented the data is, not how many writes made
  * it (100 MiB written in 4 KiB requests into one object is one extent per region, not 25,600).
  * Merging never changes what any byte maps to. Values must be treated as immutable.
+ *
+ * This layout keeps a JS object per extent (and its value): right for the write buffer (few
+ * extents, Buffer values), not for a committed map of millions of extents, whose objects V8's
+ * garbage collector would mark again and again; that one is a PackedExtentMap (packed-map.ts),
+ * same semantics, extents as numbers in typed arrays.
  */
 
 export interface Extent<V> {
@@ -84,7 +89,7 @@ export class ExtentMap<V> {
 
   private setInRegion(r: number, offset: number, length: number, value: V | undefined): void {
     let arr = this.regions.get(r);
-    if (this.views.length > 0) arr = this.preserve(r, arr);
+    if (this.cow.isOpen) arr = this.cow.preserve(r, arr);
     if (!arr) {
       if (value === undefined) return;
       arr = [];
@@ -178,26 +183,12 @@ export class ExtentMap<V> {
 
   // ---------------------------------------------------------------- frozen views
 
-  /** Views open on this map (see freeze); usually none, at most a few. */
-  private readonly views: FrozenView<V>[] = [];
-
   /**
-   * Before region r changes while views are open: each view that has not saved r yet keeps
-   * the region as it is (its array, or undefined if it does not exist yet), and the map
-   * goes on with a copy of an array a view keeps. Extents are never changed in place (a
-   * set makes new ones), so copying the array is enough.
+   * Copy-on-write views (see RegionViews): an array is copied before it changes while a view
+   * keeps it. Extents are never changed in place (a set makes new ones), so copying the array
+   * is enough.
    */
-  private preserve(r: number, arr: Extent<V>[] | undefined): Extent<V>[] | undefined {
-    let kept = false;
-    for (const v of this.views) {
-      if (!v.saved.has(r)) v.saved.set(r, arr);
-      if (arr !== undefined && v.saved.get(r) === arr) kept = true;
-    }
-    if (!kept || arr === undefined) return arr;
-    const copy = arr.slice();
-    this.regions.set(r, copy);
-    return copy;
-  }
+  private readonly cow = new RegionViews<Extent<V>[]>(this.regions, (arr) => arr.slice());
 
   /**
    * The map as it is now, for reading a piece at a time while the map goes on changing
@@ -206,46 +197,15 @@ export class ExtentMap<V> {
    * when done (a view left open makes every changed region a copy).
    */
   freeze(): FrozenExtentMap<V> {
-    const view: FrozenView<V> = { saved: new Map() };
-    this.views.push(view);
-    const regions = this.regions;
-    const close = (): void => {
-      const i = this.views.indexOf(view);
-      if (i >= 0) this.views.splice(i, 1);
+    const view = this.cow.open();
+    return {
+      size: this.count,
+      walk: (fn, pause, chunk, due) => view.walk((_r, arr) => {
+        for (const e of arr) if (fn(e.offset, e.length, e.value) === false) return false;
+        return arr.length;
+      }, pause, chunk, due),
+      close: view.close,
     };
-    // A region is in the view if it was in the map at freeze time: saved (changed since) with
-    // its array, or not saved and still in the map (unchanged since).
-    const at = (r: number): Extent<V>[] | undefined => (view.saved.has(r) ? view.saved.get(r) : regions.get(r));
-    const regionsInOrder = async function* (pause: () => Promise<void>, chunk: number): AsyncGenerator<readonly Extent<V>[]> {
-      // Region numbers in order without one big sort (262,144 regions in a 1 TiB volume took
-      // tens of ms to sort): bucketed by their high part, each bucket sorted when its turn
-      // comes. Collected a chunk at a time while the map may change: every region that existed
-      // at freeze time is still in the map or saved, so the two key sets together cover it;
-      // duplicates and regions made since are dropped when a bucket is read.
-      const buckets = new Map<number, number[]>();
-      const add = (r: number): void => {
-        const b = Math.floor(r / REGIONS_PER_BUCKET);
-        const list = buckets.get(b);
-        if (list) list.push(r); else buckets.set(b, [r]);
-      };
-      let n = 0;
-      for (const r of regions.keys()) { add(r); if (++n % chunk === 0) await pause(); }
-      for (const r of view.saved.keys()) add(r);
-      const order = [...buckets.keys()].sort((a, b) => a - b);
-      let work = 0;
-      for (const b of order) {
-        const list = buckets.get(b)!.sort((x, y) => x - y);
-        for (let i = 0; i < list.length; i++) {
-          if (i > 0 && list[i] === list[i - 1]) continue;
-          const arr = at(list[i]!);
-          if (arr === undefined || arr.length === 0) continue;
-          yield arr;
-          work += arr.length;
-          if (work >= chunk) { work = 0; await pause(); }
-        }
-      }
-    };
-    return { size: this.count, regions: regionsInOrder, close };
   }
 
   /**
@@ -260,7 +220,7 @@ export class ExtentMap<V> {
       const r = Math.floor(pos / this.regionSize);
       const rEnd = Math.min((r + 1) * this.regionSize, end);
       let arr = this.regions.get(r);
-      if (this.views.length > 0) arr = this.preserve(r, arr);
+      if (this.cow.isOpen) arr = this.cow.preserve(r, arr);
       if (!arr) { arr = []; this.regions.set(r, arr); }
       const v = pos === offset ? value : this.slice(value, pos - offset);
       const last = arr[arr.length - 1];
@@ -288,29 +248,134 @@ export class ExtentMap<V> {
   }
 }
 
-/** freeze() orders region numbers in buckets of this many (see regionsInOrder). */
+/** freeze() orders region numbers in buckets of this many (see RegionViews.open). */
 const REGIONS_PER_BUCKET = 4096;
-
-/** What freeze() keeps for one view. */
-interface FrozenView<V> {
-  /** Regions as they were at freeze time, saved when they first changed after it (undefined: did not exist). */
-  saved: Map<number, Extent<V>[] | undefined>;
-}
 
 /** A map as it was when frozen. */
 export interface FrozenExtentMap<V> {
   /** Extents at freeze time. */
   readonly size: number;
   /**
-   * Its regions in offset order, each a sorted extent array as it was at freeze time (do not
-   * change them), awaiting `pause` after about every `chunk` extents or region numbers.
+   * Call `fn` for every extent at freeze time in offset order, awaiting `pause` after about
+   * every `chunk` extents or region numbers, or earlier once `due` says the chunk has taken
+   * long enough (asked after each region, and every 256 region numbers); `fn` returning
+   * false ends the walk. Only while the view is open (a packed map may reuse what it names
+   * once it is closed).
    */
-  regions(pause: () => Promise<void>, chunk: number): AsyncGenerator<readonly Extent<V>[]>;
+  walk(fn: (offset: number, length: number, value: V) => void | false, pause: () => Promise<void>, chunk: number, due?: () => boolean): Promise<void>;
   /** Stop keeping this view (the map stops copying regions for it). */
   close(): void;
 }
 
-function pushGap<V>(out: Piece<V>[], offset: number, length: number): void {
+/**
+ * Frozen views of a map of regions (region number -> region R), for ExtentMap (R: an array
+ * of extent objects) and PackedExtentMap (R: a packed region). A map calls preserve(r)
+ * before it changes region r in any way while a view is open: each open view that has not
+ * saved r yet keeps the region as it is (its R, or undefined if it does not exist yet), and
+ * the map goes on with a copy of an R a view keeps. So a view costs nothing until a region
+ * changes, and then that region is copied once (for all views that share it).
+ */
+export class RegionViews<R> {
+  private readonly views: { saved: Map<number, R | undefined> }[] = [];
+  /** How many open views keep each region they saved (only with `drop`). */
+  private readonly pins = new Map<R, number>();
+
+  /**
+   * `copy`: a copy of a region (the map goes on with it). `onAllClosed`: called when the last
+   * open view closes (a packed map then frees what only views named). `drop`: called with a
+   * region the map no longer uses once no open view keeps it (a packed map frees its block;
+   * without it, the GC takes arrays nobody references).
+   */
+  constructor(private readonly regions: Map<number, R>, private readonly copy: (r: R) => R, private readonly onAllClosed?: () => void, private readonly drop?: (r: R) => void) {}
+
+  get isOpen(): boolean { return this.views.length > 0; }
+
+  /** Before region r (now `g`) changes: the region the map should change (a copy if a view keeps `g`). */
+  preserve(r: number, g: R | undefined): R | undefined {
+    let kept = false;
+    for (const v of this.views) {
+      if (!v.saved.has(r)) {
+        v.saved.set(r, g);
+        if (g !== undefined && this.drop) this.pins.set(g, (this.pins.get(g) ?? 0) + 1);
+      }
+      if (g !== undefined && v.saved.get(r) === g) kept = true;
+    }
+    if (!kept || g === undefined) return g;
+    const c = this.copy(g);
+    this.regions.set(r, c);
+    return c;
+  }
+
+  /**
+   * A view of the regions as they are now: `walk` visits them in region order (`visit`
+   * returns the work it did, in extents, or false to stop), awaiting `pause` as
+   * FrozenExtentMap.walk says; `close` ends the view.
+   */
+  open(): { walk: (visit: (r: number, g: R) => number | false, pause: () => Promise<void>, chunk: number, due?: () => boolean) => Promise<void>; close: () => void } {
+    const view = { saved: new Map<number, R | undefined>() };
+    this.views.push(view);
+    const regions = this.regions;
+    let closed = false;
+    const close = (): void => {
+      if (closed) return;
+      closed = true;
+      const i = this.views.indexOf(view);
+      if (i >= 0) this.views.splice(i, 1);
+      // A region a view saved is one the map stopped using then (it went on with a copy).
+      if (this.drop) {
+        for (const g of view.saved.values()) {
+          if (g === undefined) continue;
+          const left = this.pins.get(g)! - 1;
+          if (left > 0) { this.pins.set(g, left); continue; }
+          this.pins.delete(g);
+          this.drop(g);
+        }
+      }
+      if (this.views.length === 0) this.onAllClosed?.();
+    };
+    // A region is in the view if it was in the map at freeze time: saved (changed since) with
+    // its region, or not saved and still in the map (unchanged since).
+    const at = (r: number): R | undefined => (view.saved.has(r) ? view.saved.get(r) : regions.get(r));
+    const walk = async (visit: (r: number, g: R) => number | false, pause: () => Promise<void>, chunk: number, due?: () => boolean): Promise<void> => {
+      // Region numbers in order without one big sort (262,144 regions in a 1 TiB volume took
+      // tens of ms to sort): bucketed by their high part, each bucket sorted when its turn
+      // comes. Collected a chunk at a time while the map may change: every region that existed
+      // at freeze time is still in the map or saved, so the two key sets together cover it;
+      // duplicates and regions made since are dropped when a bucket is read.
+      const buckets = new Map<number, number[]>();
+      const add = (r: number): void => {
+        const b = Math.floor(r / REGIONS_PER_BUCKET);
+        const list = buckets.get(b);
+        if (list) list.push(r); else buckets.set(b, [r]);
+      };
+      let n = 0;
+      for (const r of regions.keys()) {
+        add(r);
+        if (++n >= chunk || ((n & 255) === 0 && due?.())) { n = 0; await pause(); }
+      }
+      for (const r of view.saved.keys()) add(r);
+      const order = [...buckets.keys()].sort((a, b) => a - b);
+      let work = 0;
+      for (const b of order) {
+        const list = buckets.get(b)!.sort((x, y) => x - y);
+        for (let i = 0; i < list.length; i++) {
+          if (i > 0 && list[i] === list[i - 1]) continue;
+          if (closed) throw new Error('a frozen view was walked after it was closed');
+          const g = at(list[i]!);
+          if (g === undefined) continue;
+          const w = visit(list[i]!, g);
+          if (w === false) return;
+          work += w;
+          if (work >= chunk || (due !== undefined && work > 0 && due())) { work = 0; await pause(); }
+        }
+      }
+    };
+    return { walk, close };
+  }
+}
+
+/** Add a gap to a lookup's pieces (merged with a gap just before it). */
+export function pushGap<V>(out: Piece<V>[], offset: number, length: number): void {
   const last = out[out.length - 1];
   if (last && last.value === undefined && last.offset + last.length === offset) last.length += length;
   else out.push({ offset, length, value: undefined });

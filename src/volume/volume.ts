@@ -33,6 +33,7 @@ import { strict as assert } from 'node:assert';
 import { CACHE_PIECE_BYTES, type BlockBackend, type Extent, type ZeroOptions } from '../../nbd/backend.js';
 import { NBD_STATE_HOLE, NBD_STATE_ZERO } from '../../nbd/constants.js';
 import { ExtentMap, REGION_SIZE, type FrozenExtentMap, type Piece } from '../../cow/extent-map.js';
+import { PackedExtentMap, type LocationCodec } from '../../cow/packed-map.js';
 import type { BlockCache } from '../cache.js';
 import { BatonError, CorruptError, FencedError, LeaseLostError, NotFoundError, PreconditionFailedError, ReadOnlyError, ShutdownError, errorMessage } from '../errors.js';
 import { randomId, systemWorld, type TimerHandle, type World } from '../clock.js';
@@ -40,7 +41,7 @@ import type { Logger } from '../log.js';
 import { PUT_ID_META } from '../store/decorators.js';
 import { listAll, type LocalObjects, type ObjectStore } from '../store/object-store.js';
 import {
-  CHECKPOINT_CHUNK, SRC_HOLE, SRC_INLINE, SRC_ZERO, decodeCheckpoint, decodeLogHeader, decodeVolumeRecord, encodeCheckpoint, encodeLogRecord, fenceAfter, followsChain, keys,
+  CHECKPOINT_CHUNK, CHUNK_MS, SRC_HOLE, SRC_INLINE, SRC_ZERO, decodeCheckpoint, decodeLogHeader, decodeVolumeRecord, encodeCheckpoint, encodeLogRecord, fenceAfter, followsChain, keys,
   logHeaderLength, maxOperationMs, recordCounts, seqFromKey, timeBounds,
   type CheckpointData, type LogHeader, type RecordExtent, type VolumeRecord,
 } from './format.js';
@@ -64,13 +65,24 @@ const ZERO: ZeroLoc = { zero: true, hole: false };
 
 function isZero(v: Loc | Dirty): v is ZeroLoc { return (v as ZeroLoc).zero === true; }
 
-const sliceLoc = (v: Loc, d: number): Loc => (isZero(v) ? v : { key: v.key, off: v.off + d, size: v.size });
-/** Extent-map merging (cow/extent-map.ts): zeroes of one kind, or the next bytes of the same object. */
-const joinLoc = (a: Loc, n: number, b: Loc): Loc | undefined => {
-  if (isZero(a) || isZero(b)) return isZero(a) && isZero(b) && a.hole === b.hole ? a : undefined;
-  return a.key === b.key && a.off + n === b.off ? a : undefined;
+type ObjectLoc = Exclude<Loc, ZeroLoc>;
+
+/**
+ * The committed map is packed (cow/packed-map.ts: no object per extent, so a map of 10M
+ * extents is not 20M objects for V8's GC to mark): zeroes are its constants (-1 hole,
+ * -2 allocated zeroes), an object location is "offset `off` of source `key`", the key
+ * interned once per map. Slicing and merging are the packed map's location arithmetic:
+ * zeroes of one kind, or the next bytes of the same object, merge. An object has one size,
+ * so the size travels with the interned key (the first value seen for it).
+ */
+const LOC_CODEC: LocationCodec<Loc> = {
+  constant: (v) => (isZero(v) ? (v.hole ? -1 : -2) : 0),
+  ofConstant: (c) => (c === -1 ? HOLE : ZERO),
+  source: (v) => (v as ObjectLoc).key,
+  at: (v) => (v as ObjectLoc).off,
+  locate: (first, off) => ({ key: (first as ObjectLoc).key, off, size: (first as ObjectLoc).size }),
 };
-const LOC_MAP = { join: joinLoc };
+const newCommittedMap = (): PackedExtentMap<Loc> => new PackedExtentMap<Loc>(LOC_CODEC);
 
 /** A buffered write: bytes in memory, or zeroes. */
 type Dirty = { buf: Buffer } | ZeroLoc;
@@ -220,7 +232,7 @@ export class Volume implements BlockBackend {
   private readonly id: string;
   private token: number;
 
-  private committed = new ExtentMap<Loc>(sliceLoc, LOC_MAP);
+  private committed = newCommittedMap();
   private dirty = new ExtentMap<Dirty>(sliceDirty, DIRTY_MAP);
   /**
    * Uncommitted work in the dirty overlay, in bytes: written bytes, and the length of every
@@ -348,7 +360,7 @@ export class Volume implements BlockBackend {
         this.log.error({ key: cp.key, err: errorMessage(err) }, 'checkpoint is not followed by the log (a stale writer\'s?); trying an older one');
       }
     }
-    this.committed = new ExtentMap<Loc>(sliceLoc, LOC_MAP);
+    this.committed = newCommittedMap();
     this.highestTokenSeen = 0;
     this.lastRecordId = '';
     if (this.record.parent) {
@@ -386,7 +398,7 @@ export class Volume implements BlockBackend {
    * below `seq` (or its own parent's state) plus its log up to `seq`, under the same token
    * and chain rules as our own log, starting from the ancestor checkpoint's fence.
    */
-  private async ancestorMap(id: string, seq: number, depth: number): Promise<ExtentMap<Loc>> {
+  private async ancestorMap(id: string, seq: number, depth: number): Promise<PackedExtentMap<Loc>> {
     if (depth > 10_000) throw new CorruptError(`volume ${this.name}: ancestry deeper than 10000 (a cycle?)`);
     // endAt: an ancestor's later checkpoints and records are not wanted (GC's record of what
     // this recovery read then does not change when the ancestor is written: gc.ts).
@@ -404,7 +416,7 @@ export class Volume implements BlockBackend {
       }
     }
     const meta = await this.readMeta(id);
-    const map = meta.parent ? await this.ancestorMap(meta.parent.id, meta.parent.seq, depth + 1) : new ExtentMap<Loc>(sliceLoc, LOC_MAP);
+    const map = meta.parent ? await this.ancestorMap(meta.parent.id, meta.parent.seq, depth + 1) : newCommittedMap();
     await this.replayInto(map, id, 0, seq, { fence: 0, lastId: '' });
     return map;
   }
@@ -425,7 +437,7 @@ export class Volume implements BlockBackend {
    * contiguous positions, headers that say where they are, and an unbroken chain. Returns
    * the state after the last record.
    */
-  private async replayInto(map: ExtentMap<Loc>, id: string, after: number, upTo: number, state: { fence: number; lastId: string | undefined }):
+  private async replayInto(map: PackedExtentMap<Loc>, id: string, after: number, upTo: number, state: { fence: number; lastId: string | undefined }):
     Promise<{ seq: number; fence: number; lastId: string | undefined; records: number }> {
     const listed = await listAll(this.store, keys.logPrefix(id), {
       ...(after > 0 ? { startAfter: keys.log(id, after) } : {}),
@@ -1325,10 +1337,10 @@ export class Volume implements BlockBackend {
       ...(this.lastRecordId !== undefined ? { lastId: this.lastRecordId } : {}),
     };
     const t0 = this.world.now();
-    const pause = (): Promise<void> => this.world.yield();
+    const { pause, due } = slices(this.world);
     // Create-only, like log records: a stale writer can never replace a checkpoint (see
     // "The log is a chain"). A position's checkpoint is only ever written once by its writer.
-    this.checkpointing = encodeCheckpoint(header, (fn, p) => walkCheckpoint(view, fn, p), pause)
+    this.checkpointing = encodeCheckpoint(header, (fn, p) => walkCheckpoint(view, fn, p, due), pause)
       .finally(() => view.close())
       .then((body) => this.store.put(keys.checkpoint(this.id, seq), body, { ifNoneMatch: true }).then(() => body.length))
       .then((bytes) => { this.lastCheckpointSeq = Math.max(this.lastCheckpointSeq, seq); this.log.debug({ seq, bytes, extents: view.size, ms: Math.round(this.world.now() - t0) }, 'checkpoint written'); })
@@ -1414,10 +1426,11 @@ export class Volume implements BlockBackend {
    */
   async forEachCommitted(fn: (e: { offset: number; length: number; key: string | null; off: number; size: number }) => void | false): Promise<void> {
     const view = this.committed.freeze();
+    const { pause, due } = slices(this.world);
     try {
-      await walkFrozen(view, ({ offset, length, value: v }) => (isZero(v)
+      await walkFrozen(view, (offset, length, v) => (isZero(v)
         ? fn({ offset, length, key: null, off: 0, size: 0 })
-        : fn({ offset, length, key: v.key, off: v.off, size: v.size })), () => this.world.yield());
+        : fn({ offset, length, key: v.key, off: v.off, size: v.size })), pause, due);
     } finally {
       view.close();
     }
@@ -1474,9 +1487,10 @@ export class ChainBrokenError extends CorruptError {
 }
 
 /** Apply one log record's extents to a map. */
-function applyRecord(map: ExtentMap<Loc>, volumeSize: number, key: string, h: LogHeader, dataStart: number, recordSize: number): void {
+function applyRecord(map: PackedExtentMap<Loc>, volumeSize: number, key: string, h: LogHeader, dataStart: number, recordSize: number): void {
   for (const [off, len, src, srcOff] of h.extents) {
-    if (off < 0 || len <= 0 || off + len > volumeSize) throw new CorruptError(`${key}: extent out of range`);
+    // Whole bytes too: the committed map refuses fractions (RangeError), which is corruption here.
+    if (!Number.isSafeInteger(off) || !Number.isSafeInteger(len) || off < 0 || len <= 0 || off + len > volumeSize) throw new CorruptError(`${key}: extent out of range`);
     let loc: Loc;
     if (src === SRC_HOLE) loc = HOLE;
     else if (src === SRC_ZERO) loc = ZERO;
@@ -1495,8 +1509,9 @@ function applyRecord(map: ExtentMap<Loc>, volumeSize: number, key: string, h: Lo
  * between (other volumes of this host are served while a big one recovers). Its extents are
  * in volume order, so they are appended (no search per extent).
  */
-async function mapOfCheckpoint(c: CheckpointData, volumeSize: number, world: World): Promise<ExtentMap<Loc>> {
-  const m = new ExtentMap<Loc>(sliceLoc, LOC_MAP);
+async function mapOfCheckpoint(c: CheckpointData, volumeSize: number, world: World): Promise<PackedExtentMap<Loc>> {
+  const m = newCommittedMap();
+  const { pause, due } = slices(world);
   try {
     await c.forEachExtent(volumeSize, (off, len, src, srcOff) => {
       if (src === SRC_HOLE) m.append(off, len, HOLE);
@@ -1505,7 +1520,7 @@ async function mapOfCheckpoint(c: CheckpointData, volumeSize: number, world: Wor
         const o = c.objects[src]!;
         m.append(off, len, { key: o[0], off: srcOff, size: o[1] });
       }
-    }, () => world.yield());
+    }, pause, CHECKPOINT_CHUNK, due);
   } catch (err) {
     // append refuses extents out of order or overlapping: a checkpoint no writer wrote.
     if (err instanceof RangeError) throw new CorruptError(`checkpoint ${c.seq} of volume ${c.volumeId}: ${err.message}`);
@@ -1515,22 +1530,33 @@ async function mapOfCheckpoint(c: CheckpointData, volumeSize: number, world: Wor
 }
 
 /**
- * Every extent of a frozen map in volume order, the event loop free every CHECKPOINT_CHUNK
- * extents (`pause`); `fn` returning false ends the walk. The one walk of whole maps: the
- * checkpoint encoder, compaction planning, GC and accounting all go through it.
+ * How a long synchronous walk lets the event loop turn: `pause` after a chunk, and `due` once
+ * the current chunk has taken CHUNK_MS of the world's time (the walks pause after
+ * CHECKPOINT_CHUNK items or when due, whichever comes first).
  */
-async function walkFrozen(view: FrozenExtentMap<Loc>, fn: (e: { offset: number; length: number; value: Loc }) => void | false, pause: () => Promise<void>): Promise<void> {
-  for await (const region of view.regions(pause, CHECKPOINT_CHUNK)) {
-    for (const e of region) if (fn(e) === false) return;
-  }
+function slices(world: World): { pause: () => Promise<void>; due: () => boolean } {
+  let since = world.now();
+  return {
+    pause: async () => { await world.yield(); since = world.now(); },
+    due: () => world.now() - since >= CHUNK_MS,
+  };
+}
+
+/**
+ * Every extent of a frozen map in volume order, the event loop free every CHECKPOINT_CHUNK
+ * extents or when `due` (`pause`); `fn` returning false ends the walk. The one walk of whole
+ * maps: the checkpoint encoder, compaction planning, GC and accounting all go through it.
+ */
+function walkFrozen(view: FrozenExtentMap<Loc>, fn: (offset: number, length: number, value: Loc) => void | false, pause: () => Promise<void>, due?: () => boolean): Promise<void> {
+  return view.walk(fn, pause, CHECKPOINT_CHUNK, due);
 }
 
 /** A frozen committed map as the checkpoint encoder walks it (format.ts encodeCheckpoint). */
-function walkCheckpoint(view: FrozenExtentMap<Loc>, fn: (offset: number, length: number, key: string | null, src: number, srcOff: number, objectSize: number) => void, pause: () => Promise<void>): Promise<void> {
-  return walkFrozen(view, ({ offset, length, value: v }) => {
+function walkCheckpoint(view: FrozenExtentMap<Loc>, fn: (offset: number, length: number, key: string | null, src: number, srcOff: number, objectSize: number) => void, pause: () => Promise<void>, due?: () => boolean): Promise<void> {
+  return walkFrozen(view, (offset, length, v) => {
     if (isZero(v)) fn(offset, length, null, v.hole ? SRC_HOLE : SRC_ZERO, 0, 0);
     else fn(offset, length, v.key, 0, v.off, v.size);
-  }, pause);
+  }, pause, due);
 }
 
 /** Run `fn` over `items` with at most `limit` in flight; results in input order. */

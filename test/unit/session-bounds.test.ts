@@ -21,6 +21,7 @@ import { CACHE_PIECE_BYTES, type BlockBackend, type ExportHandle, type ExportInf
 import { NbdServer, type NbdServerOptions } from '../../nbd/server.js';
 import { MAX_BLOCK_STATUS_EXTENTS, MAX_PAYLOAD } from '../../nbd/session.js';
 import { ExtentMap } from '../../cow/extent-map.js';
+import { PackedExtentMap } from '../../cow/packed-map.js';
 import { MemoryBackend } from '../../src/backends/memory.js';
 import { BlockCache } from '../../src/cache.js';
 import { NotFoundError } from '../../src/errors.js';
@@ -247,17 +248,21 @@ async function fragmentedVolume(): Promise<{ vol: Volume; size: number; extents:
   return { vol, size, extents };
 }
 
-/** Counts the pieces every ExtentMap.lookup builds while `fn` runs: the work of a walk. */
+/** Counts the pieces every map lookup (write buffer and committed map) builds while `fn` runs: the work of a walk. */
 async function countPieces<T>(fn: () => Promise<T>): Promise<{ result: T; pieces: number }> {
-  const proto = ExtentMap.prototype as unknown as { lookup: (this: unknown, o: number, l: number) => unknown[] };
-  const orig = proto.lookup;
+  type Lookup = { lookup: (this: unknown, o: number, l: number) => unknown[] };
+  const protos = [ExtentMap.prototype, PackedExtentMap.prototype] as unknown as Lookup[];
+  const origs = protos.map((p) => p.lookup);
   let pieces = 0;
-  proto.lookup = function (this: unknown, o: number, l: number) { const r = orig.call(this, o, l); pieces += r.length; return r; };
+  protos.forEach((proto, i) => {
+    const orig = origs[i]!;
+    proto.lookup = function (this: unknown, o: number, l: number) { const r = orig.call(this, o, l); pieces += r.length; return r; };
+  });
   try {
     const result = await fn();
     return { result, pieces };
   } finally {
-    proto.lookup = orig;
+    protos.forEach((proto, i) => { proto.lookup = origs[i]!; });
   }
 }
 

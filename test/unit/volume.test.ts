@@ -484,6 +484,9 @@ test('checkpoints written as JSON (v2, before the binary format) are still read:
   t.is(c.v, 3);
   const extents: [number, number, number, number][] = [];
   await c.forEachExtent(64 * MiB, (o, l, s, so) => { extents.push([o, l, s, so]); }, async () => {});
+  let pauses = 0;
+  await c.forEachExtent(64 * MiB, () => {}, async () => { pauses++; }, 1);
+  t.is(pauses, extents.length - 1, 'chunks of one extent: a pause between every two');
   const v2 = { v: 2, volumeId: c.volumeId, seq: c.seq, token: c.token, lastId: c.lastId, time: new Date().toISOString(), objects: c.objects, extents };
   await mem.delete(cpKey);
   await mem.put(cpKey, Buffer.from(JSON.stringify(v2)));
