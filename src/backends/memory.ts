@@ -98,7 +98,8 @@ export class MemoryBackend implements BlockBackend {
     return page;
   }
 
-  async writeChunks(offset: number, chunks: readonly Buffer[]): Promise<void> {
+  /** Copies the pieces before it returns (BlockBackend.writeLent): the session reuses their memory. */
+  async writeLent(offset: number, chunks: readonly Buffer[]): Promise<void> {
     // Pages for the whole write first: its pieces are not page-aligned, and a new page must
     // not be zeroed where a later piece of the same write lands anyway.
     let length = 0;

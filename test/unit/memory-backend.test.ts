@@ -8,7 +8,7 @@ import { MemoryBackend } from '../../src/backends/memory.js';
 
 const PAGE = 64 * 1024;
 
-test('a new page reads as zeroes wherever no write landed (write and unaligned writeChunks)', async (t) => {
+test('a new page reads as zeroes wherever no write landed (write and unaligned writeLent)', async (t) => {
   const b = new MemoryBackend(16 * PAGE);
   await b.write(PAGE + 1000, Buffer.alloc(100, 0xaa));
   const page = await b.read(PAGE, PAGE);
@@ -17,7 +17,7 @@ test('a new page reads as zeroes wherever no write landed (write and unaligned w
   t.is(page.subarray(1100).filter((x) => x !== 0).length, 0, 'after the write');
   // A write spanning pages in pieces that do not line up with them.
   const pieces = [Buffer.alloc(3, 1), Buffer.alloc(PAGE, 2), Buffer.alloc(5000, 3)];
-  await b.writeChunks(3 * PAGE + 10, pieces);
+  await b.writeLent(3 * PAGE + 10, pieces);
   const got = await b.read(3 * PAGE, 3 * PAGE);
   const want = Buffer.alloc(3 * PAGE);
   Buffer.concat(pieces).copy(want, 10);
