@@ -43,6 +43,14 @@ export interface BlockBackend {
    * fill it and resolve to it; every byte must be written, holes included.
    */
   read(offset: number, length: number, into?: Buffer): Promise<Buffer>;
+  /**
+   * Optional form of read that lends the backend's own memory instead of copying into a
+   * buffer: pieces of `length` bytes in all, in order, holding the data as of the call, which
+   * must not change until release() (the session calls it once the socket is done with the
+   * reply; a write meanwhile must go elsewhere, e.g. copy on write). The session prefers it
+   * to read.
+   */
+  readLent?(offset: number, length: number): Promise<Lent>;
   /** `data` is owned by the backend after the call (the session never reuses it). */
   write(offset: number, data: Buffer, fua: boolean): Promise<void>;
   /**

@@ -15,7 +15,9 @@
  *   held; beyond that we stop reading the socket.
  * - A request's slot is released only when its reply was handed to the socket, so a client
  *   that never reads replies stalls itself, not the server.
- * - A WRITE payload lent to BlockBackend.writeLent is taken back right after the call.
+ * - Lent memory goes back when nothing uses it any more: a WRITE payload lent to
+ *   BlockBackend.writeLent right after the call, a READ's pieces from BlockBackend.readLent
+ *   (and a pooled READ buffer) once the socket has sent the reply.
  */
 
 import type { Duplex } from 'node:stream';
@@ -513,7 +515,8 @@ export class NbdSession {
   private execute(backend: BlockBackend, req: codec.Request, offset: number, length: number, fua: boolean, payload: Buffer | undefined, chunks?: Buffer[]): Promise<Reply | null> {
     switch (req.type) {
       case C.NBD_CMD_READ:
-        if (length === 0) return Promise.resolve({ frames: this.readReply(req, Buffer.alloc(0)) });
+        if (length === 0) return Promise.resolve({ frames: this.readReply(req, [], 0) });
+        if (backend.readLent) return backend.readLent(offset, length).then((l) => ({ frames: this.readReply(req, l.chunks, length), release: () => l.release() }));
         return this.pooledRead(backend, offset, length, req);
       case C.NBD_CMD_WRITE:
         if (length === 0) return fua ? backend.flush().then(() => null) : Promise.resolve(null);
@@ -555,18 +558,19 @@ export class NbdSession {
       releaseBuffer(buf);
       throw err;
     }
-    if (data !== buf) { releaseBuffer(buf); return { frames: this.readReply(req, data) }; }
-    return { frames: this.readReply(req, data), release: () => releaseBuffer(buf) };
+    if (data !== buf) { releaseBuffer(buf); return { frames: this.readReply(req, [data], data.length) }; }
+    return { frames: this.readReply(req, [data], data.length), release: () => releaseBuffer(buf) };
   }
 
   private okReply(req: codec.Request): Buffer {
     return codec.encodeSimpleReply(0, req.cookie);
   }
 
-  private readReply(req: codec.Request, data: Buffer): Buffer[] {
-    if (!this.structured) return [codec.encodeSimpleReply(0, req.cookie), data];
-    if (data.length === 0) return [codec.encodeNoneChunk(req.cookie)];
-    return [codec.encodeOffsetDataHeader(req.cookie, req.offset, data.length, true), data];
+  /** The reply to a READ whose data are `data` (pieces of `length` bytes in all). */
+  private readReply(req: codec.Request, data: Buffer[], length: number): Buffer[] {
+    if (!this.structured) return [codec.encodeSimpleReply(0, req.cookie), ...data];
+    if (length === 0) return [codec.encodeNoneChunk(req.cookie)];
+    return [codec.encodeOffsetDataHeader(req.cookie, req.offset, length, true), ...data];
   }
 
   private blockStatusReply(req: codec.Request, size: number, offset: number, length: number, raw: { length: number; flags: number }[], max: number): Buffer[] {

@@ -5,7 +5,7 @@
  * nothing to make durable, and says so by doing nothing.
  */
 
-import type { BlockBackend, Extent, ZeroOptions } from '../../nbd/backend.js';
+import type { BlockBackend, Extent, Lent, ZeroOptions } from '../../nbd/backend.js';
 import { NBD_STATE_HOLE, NBD_STATE_ZERO } from '../../nbd/constants.js';
 
 const PAGE = 64 * 1024;
@@ -34,11 +34,21 @@ function* pages(offset: number, length: number): IterableIterator<[number, numbe
  */
 const SLAB = 256 * PAGE;
 
+/** What a hole reads as in readLent's pieces; never written. */
+const ZERO_PAGE = Buffer.alloc(PAGE);
+
 export class MemoryBackend implements BlockBackend {
   private readonly pages = new Map<number, Buffer>();
   private readonly freePages: Buffer[] = [];
   private slab: Buffer = Buffer.alloc(0);
   private slabUsed = 0;
+  /**
+   * Pages lent by readLent and not yet released, with how many loans each. A lent page is
+   * never written: a write, zero or trim of it replaces it in `pages` by a copy (copy on
+   * write) and it becomes an orphan, freed when its last loan is released.
+   */
+  private readonly loans = new Map<Buffer, number>();
+  private readonly orphans = new Set<Buffer>();
 
   constructor(readonly size: number, readonly readOnly = false) {}
 
@@ -57,6 +67,56 @@ export class MemoryBackend implements BlockBackend {
       else out.fill(0, at, at + n);
     }
     return out;
+  }
+
+  /**
+   * The pages themselves, no copy (BlockBackend.readLent): a hole is a piece of a shared
+   * zero page. Each lent page stays as it is until released (see `loans`).
+   */
+  async readLent(offset: number, length: number): Promise<Lent> {
+    const chunks: Buffer[] = [];
+    const lent: Buffer[] = [];
+    for (const [idx, inPage, n] of pages(offset, length)) {
+      const page = this.pages.get(idx);
+      if (!page) { chunks.push(ZERO_PAGE.subarray(0, n)); continue; }
+      chunks.push(page.subarray(inPage, inPage + n));
+      this.loans.set(page, (this.loans.get(page) ?? 0) + 1);
+      lent.push(page);
+    }
+    let released = false;
+    return {
+      chunks,
+      release: () => {
+        if (released) return;
+        released = true;
+        for (const page of lent) this.unlend(page);
+      },
+    };
+  }
+
+  private unlend(page: Buffer): void {
+    const n = this.loans.get(page)! - 1;
+    if (n > 0) { this.loans.set(page, n); return; }
+    this.loans.delete(page);
+    if (this.orphans.delete(page)) this.freePages.push(page);
+  }
+
+  /** The page at `idx` (which exists) to modify: a copy of it if it is lent. */
+  private writablePage(idx: number): Buffer {
+    const page = this.pages.get(idx)!;
+    if (this.loans.size === 0 || !this.loans.has(page)) return page;
+    const copy = this.newPage();
+    page.copy(copy);
+    this.pages.set(idx, copy);
+    this.orphans.add(page);
+    return copy;
+  }
+
+  /** Take the page at `idx` out of the volume; it is free once no loan holds it. */
+  private dropPage(idx: number, page: Buffer): void {
+    this.pages.delete(idx);
+    if (this.loans.has(page)) this.orphans.add(page);
+    else this.freePages.push(page);
   }
 
   async write(offset: number, data: Buffer): Promise<void> {
@@ -82,7 +142,7 @@ export class MemoryBackend implements BlockBackend {
 
   /** Copy into pages that exist (allocate first). */
   private copyIn(offset: number, data: Buffer): void {
-    for (const [idx, inPage, n, at] of pages(offset, data.length)) data.copy(this.pages.get(idx)!, inPage, at, at + n);
+    for (const [idx, inPage, n, at] of pages(offset, data.length)) data.copy(this.writablePage(idx), inPage, at, at + n);
   }
 
   /** A page of undefined contents: a freed one, or the next of the current slab. */
@@ -124,8 +184,8 @@ export class MemoryBackend implements BlockBackend {
     for (const [idx, inPage, n] of pages(offset, length)) {
       const page = this.pages.get(idx);
       if (!page) continue;
-      if (n === PAGE) { this.pages.delete(idx); this.freePages.push(page); } // reads copy, so nothing else holds it
-      else page.fill(0, inPage, inPage + n);
+      if (n === PAGE) this.dropPage(idx, page);
+      else this.writablePage(idx).fill(0, inPage, inPage + n);
     }
   }
 

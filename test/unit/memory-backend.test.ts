@@ -35,3 +35,29 @@ test('a page freed by a whole-page trim and reused is zero where the new write d
   want[7] = 9;
   t.true(page.equals(want));
 });
+
+test('readLent: lent pages keep their bytes through writes, zeroes and trims until released, and are not reused before', async (t) => {
+  const b = new MemoryBackend(16 * PAGE);
+  await b.write(0, Buffer.alloc(4 * PAGE, 1));
+  const lent = await b.readLent(PAGE / 2, 3 * PAGE); // pieces of pages 0-3
+  const hole = await b.readLent(8 * PAGE, PAGE + 10); // never written
+  t.true(Buffer.concat(hole.chunks).equals(Buffer.alloc(PAGE + 10)));
+  await b.write(PAGE / 2, Buffer.alloc(PAGE, 2)); // the second half of page 0, the first of page 1
+  await b.zero(2 * PAGE + 100, 100, { fua: false, mayTrim: true, fastZero: false }); // part of page 2
+  await b.trim(3 * PAGE, PAGE); // page 3 whole: out of the volume, still lent
+  await b.write(10 * PAGE + 100, Buffer.alloc(10, 3)); // a new page, zeroed around the write: must not be the lent page 3
+  t.true(Buffer.concat(lent.chunks).equals(Buffer.alloc(3 * PAGE, 1)), 'the lent bytes are as they were when lent');
+  const want = Buffer.alloc(4 * PAGE, 1);
+  want.fill(2, PAGE / 2, PAGE / 2 + PAGE);
+  want.fill(0, 2 * PAGE + 100, 2 * PAGE + 200);
+  want.fill(0, 3 * PAGE);
+  t.true((await b.read(0, 4 * PAGE)).equals(want), 'the volume has the new bytes');
+  lent.release();
+  hole.release();
+  t.is(b.allocatedBytes, 4 * PAGE);
+  // Freed pages are reused now: a partial write into one reads as zeroes around it.
+  await b.write(12 * PAGE + 5, Buffer.from([9]));
+  const page = Buffer.alloc(PAGE);
+  page[5] = 9;
+  t.true((await b.read(12 * PAGE, PAGE)).equals(page));
+});
