@@ -61,3 +61,21 @@ test('readLent: lent pages keep their bytes through writes, zeroes and trims unt
   page[5] = 9;
   t.true((await b.read(12 * PAGE, PAGE)).equals(page));
 });
+
+test('a backend filled slab after slab takes slabs prefaulted by the worker; they read back as written, zeroes elsewhere', async (t) => {
+  const SLAB_PAGES = 256;
+  const b = new MemoryBackend(5 * SLAB_PAGES * PAGE);
+  const before = MemoryBackend.prefaultedSlabs;
+  for (let p = 0; p < 4 * SLAB_PAGES; p++) {
+    await b.writeLent(p * PAGE + 7, [Buffer.from([p & 0xff, 0xee])]);
+    // Past the first slab the worker is asked for more: give it time to make them.
+    if (p % SLAB_PAGES === SLAB_PAGES - 1) await new Promise((r) => setTimeout(r, 500));
+  }
+  t.true(MemoryBackend.prefaultedSlabs > before, 'prefaulted slabs were used');
+  for (const p of [0, 255, 256, 511, 512, 700, 1023]) {
+    const want = Buffer.alloc(PAGE);
+    want[7] = p & 0xff;
+    want[8] = 0xee;
+    t.true((await b.read(p * PAGE, PAGE)).equals(want), `page ${p}`);
+  }
+});
