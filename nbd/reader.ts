@@ -25,12 +25,14 @@ export class ConnectionClosedError extends BatonError {
 /**
  * Read slabs. A Unix socket read returns what the peer has queued (up to about 200 KiB with
  * default socket buffers), so one slab takes several reads; a read goes into what is left of
- * the current slab while at least MIN_READ is left.
+ * the current slab while at least MIN_READ is left. A connection in slab mode always holds
+ * the slab its next read goes into, idle or not: 1 MiB, next to the up to maxInflightBytes
+ * of request memory it may hold.
  */
 const SLAB_BYTES = 1024 * 1024;
 const MIN_READ = 64 * 1024;
 /** Free slabs kept for reuse, over all connections (the rest are left to the collector). */
-const MAX_FREE_SLABS = 32;
+const MAX_FREE_SLABS = 16;
 const freeSlabs: Buffer[] = [];
 
 class Slab {
