@@ -198,10 +198,14 @@ function makeSparseFile(p: string, size: number): string {
   return p;
 }
 
+/**
+ * The newest main-thread profile in `dir`: node names them CPU.DATE.TIME.PID.THREAD.SEQ.cpuprofile,
+ * THREAD 0 for the main thread (a worker thread, such as the memory backend's, writes its own).
+ */
 function newestProfile(dir: string, since: number): string | undefined {
   if (!fs.existsSync(dir)) return undefined;
   return fs.readdirSync(dir)
-    .filter((f) => f.endsWith('.cpuprofile'))
+    .filter((f) => /\.0\.\d+\.cpuprofile$/.test(f))
     .map((f) => path.join(dir, f))
     .filter((f) => fs.statSync(f).mtimeMs >= since)
     .sort((a, b) => fs.statSync(b).mtimeMs - fs.statSync(a).mtimeMs)[0];

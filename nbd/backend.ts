@@ -25,6 +25,12 @@ export interface ZeroOptions {
   fastZero: boolean;
 }
 
+/** Memory lent for the length of a call or of a reply: valid until release(), which is called exactly once. */
+export interface Lent {
+  readonly chunks: Buffer[];
+  release(): void;
+}
+
 /** See BlockBackend.cache: the most request memory one CACHE may hold at a time. */
 export const CACHE_PIECE_BYTES = 1024 * 1024;
 
@@ -37,6 +43,14 @@ export interface BlockBackend {
    * fill it and resolve to it; every byte must be written, holes included.
    */
   read(offset: number, length: number, into?: Buffer): Promise<Buffer>;
+  /**
+   * Optional form of read that lends the backend's own memory instead of copying into a
+   * buffer: pieces of `length` bytes in all, in order, holding the data as of the call, which
+   * must not change until release() (the session calls it once the socket is done with the
+   * reply; a write meanwhile must go elsewhere, e.g. copy on write). The session prefers it
+   * to read.
+   */
+  readLent?(offset: number, length: number): Promise<Lent>;
   /** `data` is owned by the backend after the call (the session never reuses it). */
   write(offset: number, data: Buffer, fua: boolean): Promise<void>;
   /**
@@ -46,6 +60,15 @@ export interface BlockBackend {
    * keeps small pieces for long should copy them (a 4 KiB piece can pin a 64 KiB buffer).
    */
   writeChunks?(offset: number, chunks: readonly Buffer[], fua: boolean): Promise<void>;
+  /**
+   * Optional form of write for a backend that copies the data before it returns: the pieces
+   * are lent, not given. Their bytes must have been copied (or otherwise used) by the time
+   * the call returns, and no reference to them may be kept, not even until the promise
+   * settles: the session reuses their memory as soon as the call returns. The session
+   * prefers it to write and writeChunks, for every WRITE, and with it reads the socket into
+   * buffers it reuses (FrameReader.useSlabs) instead of a fresh one per socket read.
+   */
+  writeLent?(offset: number, chunks: readonly Buffer[], fua: boolean): Promise<void>;
   flush(): Promise<void>;
   trim(offset: number, length: number, fua: boolean): Promise<void>;
   zero(offset: number, length: number, options: ZeroOptions): Promise<void>;

@@ -15,12 +15,15 @@
  *   held; beyond that we stop reading the socket.
  * - A request's slot is released only when its reply was handed to the socket, so a client
  *   that never reads replies stalls itself, not the server.
+ * - Lent memory goes back when nothing uses it any more: a WRITE payload lent to
+ *   BlockBackend.writeLent right after the call, a READ's pieces from BlockBackend.readLent
+ *   (and a pooled READ buffer) once the socket has sent the reply.
  */
 
 import type { Duplex } from 'node:stream';
 import { InvalidArgumentError, ProtocolError, errorMessage } from '../src/errors.js';
 import type { Logger } from '../src/log.js';
-import { CACHE_PIECE_BYTES, type BlockBackend, type ExportHandle, type ExportInfo, type ExportProvider } from './backend.js';
+import { CACHE_PIECE_BYTES, type BlockBackend, type ExportHandle, type ExportInfo, type ExportProvider, type Lent } from './backend.js';
 import * as codec from './codec.js';
 import * as C from './constants.js';
 import { toNbdErrno, toOptionError } from './errno.js';
@@ -386,6 +389,9 @@ export class NbdSession {
       blockStatusEnabled: this.structured && this.metaContextExport !== null,
       maxPayload: this.opts.maxPayload,
     };
+    // A backend that copies a write before it returns is lent the payloads, so the socket
+    // can be read into buffers the reader reuses (no allocation per socket read).
+    if (backend.writeLent) this.reader.useSlabs();
     for (;;) {
       const req = codec.decodeRequest(await this.readFrame(C.REQUEST_SIZE));
       if (req.type === C.NBD_CMD_DISC) {
@@ -399,6 +405,7 @@ export class NbdSession {
       }
       let payload: Buffer | undefined;
       let chunks: Buffer[] | undefined;
+      let lent: Lent | undefined;
       if (req.type === C.NBD_CMD_WRITE) {
         // A WRITE payload must be consumed even when the request is refused; one we will not
         // buffer leaves no way to stay in sync, so that is the one case we hang up.
@@ -406,6 +413,7 @@ export class NbdSession {
         await this.acquireSlot(req.length);
         try {
           if (req.length === 0) payload = Buffer.alloc(0);
+          else if (backend.writeLent) lent = this.reader.tryLend(req.length) ?? await this.reader.lend(req.length);
           // A backend that copies writes takes the received pieces: no contiguous payload to assemble.
           else if (backend.writeChunks && req.length >= 16 * 1024) chunks = await this.reader.readChunks(req.length);
           else payload = await this.readFrame(req.length);
@@ -416,7 +424,16 @@ export class NbdSession {
       } else {
         await this.acquireSlot(this.slotBytes(req));
       }
-      this.dispatch(backend, ctx, req, payload, chunks);
+      if (!lent) {
+        this.dispatch(backend, ctx, req, payload, chunks);
+        continue;
+      }
+      // writeLent has copied the pieces by the time dispatch returns (it calls the backend synchronously).
+      try {
+        this.dispatch(backend, ctx, req, undefined, lent.chunks);
+      } finally {
+        lent.release();
+      }
     }
   }
 
@@ -498,10 +515,13 @@ export class NbdSession {
   private execute(backend: BlockBackend, req: codec.Request, offset: number, length: number, fua: boolean, payload: Buffer | undefined, chunks?: Buffer[]): Promise<Reply | null> {
     switch (req.type) {
       case C.NBD_CMD_READ:
-        if (length === 0) return Promise.resolve({ frames: this.readReply(req, Buffer.alloc(0)) });
+        if (length === 0) return Promise.resolve({ frames: this.readReply(req, [], 0) });
+        if (backend.readLent) return backend.readLent(offset, length).then((l) => ({ frames: this.readReply(req, l.chunks, length), release: () => l.release() }));
         return this.pooledRead(backend, offset, length, req);
       case C.NBD_CMD_WRITE:
         if (length === 0) return fua ? backend.flush().then(() => null) : Promise.resolve(null);
+        // Pieces are lent exactly when the backend takes lent pieces (transmission).
+        if (chunks && backend.writeLent) return backend.writeLent(offset, chunks, fua).then(() => null);
         if (chunks && backend.writeChunks) return backend.writeChunks(offset, chunks, fua).then(() => null);
         return backend.write(offset, payload!, fua).then(() => null);
       case C.NBD_CMD_FLUSH:
@@ -538,18 +558,19 @@ export class NbdSession {
       releaseBuffer(buf);
       throw err;
     }
-    if (data !== buf) { releaseBuffer(buf); return { frames: this.readReply(req, data) }; }
-    return { frames: this.readReply(req, data), release: () => releaseBuffer(buf) };
+    if (data !== buf) { releaseBuffer(buf); return { frames: this.readReply(req, [data], data.length) }; }
+    return { frames: this.readReply(req, [data], data.length), release: () => releaseBuffer(buf) };
   }
 
   private okReply(req: codec.Request): Buffer {
     return codec.encodeSimpleReply(0, req.cookie);
   }
 
-  private readReply(req: codec.Request, data: Buffer): Buffer[] {
-    if (!this.structured) return [codec.encodeSimpleReply(0, req.cookie), data];
-    if (data.length === 0) return [codec.encodeNoneChunk(req.cookie)];
-    return [codec.encodeOffsetDataHeader(req.cookie, req.offset, data.length, true), data];
+  /** The reply to a READ whose data are `data` (pieces of `length` bytes in all). */
+  private readReply(req: codec.Request, data: Buffer[], length: number): Buffer[] {
+    if (!this.structured) return [codec.encodeSimpleReply(0, req.cookie), ...data];
+    if (length === 0) return [codec.encodeNoneChunk(req.cookie)];
+    return [codec.encodeOffsetDataHeader(req.cookie, req.offset, length, true), ...data];
   }
 
   private blockStatusReply(req: codec.Request, size: number, offset: number, length: number, raw: { length: number; flags: number }[], max: number): Buffer[] {

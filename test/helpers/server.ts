@@ -37,7 +37,7 @@ export interface BatonServer {
 export interface StartOptions {
   volumes?: { name: string; size: number }[];
   readOnly?: boolean;
-  /** Defaults to a fresh file: store in the test's temp dir. */
+  /** Defaults to a fresh file: store in the test's temp dir; ram: or memory: serve one volume made by serve --create. */
   store?: string;
   extraArgs?: string[];
   env?: Record<string, string>;
@@ -73,12 +73,16 @@ export async function startBatonServer(t: Teardown, opts: StartOptions = {}): Pr
   const dir = tempDir(t);
   const store = opts.store ?? `file:${path.join(dir, 'store')}`;
   const env = { ...opts.env };
-  for (const v of opts.volumes ?? []) {
+  // ram: and memory: volumes live in the serving process: it makes the one volume itself.
+  const inProcess = store === 'ram:' || store === 'memory:';
+  if (inProcess && (opts.volumes?.length ?? 0) > 1) throw new Error(`${store} serves one volume here (serve --create)`);
+  const created = inProcess ? (opts.volumes ?? []).flatMap((v) => ['--create', v.name, '--size', String(v.size)]) : [];
+  for (const v of inProcess ? [] : opts.volumes ?? []) {
     const r = baton(['create', v.name, '--size', String(v.size), '--store', store], env);
     if (r.status !== 0) throw new Error(`baton create failed: ${r.stderr}`);
   }
   const socket = path.join(dir, 'nbd.sock');
-  const args = [BATON_BIN, 'serve', '--socket', socket, '--store', store, '--log-level', opts.logLevel ?? 'info', ...(opts.readOnly ? ['--read-only'] : []), ...(opts.extraArgs ?? [])];
+  const args = [BATON_BIN, 'serve', '--socket', socket, '--store', store, ...created, '--log-level', opts.logLevel ?? 'info', ...(opts.readOnly ? ['--read-only'] : []), ...(opts.extraArgs ?? [])];
   const proc = spawn(process.execPath, args, { stdio: ['ignore', 'ignore', 'pipe'], env: { ...process.env, ...env } });
   let err = '';
   proc.stderr!.on('data', (d: Buffer) => { err += d.toString(); });

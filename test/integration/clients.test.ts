@@ -143,9 +143,16 @@ async function randomFile(dir: string, name: string, size: number): Promise<{ fi
   return { file, hash: sha256(data) };
 }
 
-needs('nbdcopy')('nbdcopy a 64 MiB random file in and back out; again with --flush over 4 connections', async (t) => {
+/**
+ * The stores whose data paths differ under the same session: `file:` (the volume engine, which
+ * keeps written pieces) and `ram:` (the memory backend: lent writes into reused socket
+ * buffers, reads lent from its pages). The default store of a test is `file:`.
+ */
+const STORES = [{ store: undefined, title: '' }, { store: 'ram:', title: ' (ram:)' }] as const;
+
+for (const { store, title } of STORES) needs('nbdcopy')(`nbdcopy a 64 MiB random file in and back out; again with --flush over 4 connections${title}`, async (t) => {
   const size = 64 * MiB;
-  const server = await startBatonServer(t, { volumes: [{ name: 'vol', size }], logLevel: 'debug' });
+  const server = await startBatonServer(t, { volumes: [{ name: 'vol', size }], logLevel: 'debug', ...(store ? { store } : {}) });
   const dir = tempDir(t);
 
   const a = await randomFile(dir, 'a.bin', size);
@@ -242,8 +249,8 @@ needs('qemu-io')('qemu-io: write -P, write -f (FUA), write -z, write -z -u, disc
 
 // ------------------------------------------------------------------ fio
 
-needs('fio')('fio --ioengine=nbd randrw 4k with --verify=crc32c: exit 0, no verify errors', async (t) => {
-  const server = await startBatonServer(t, { volumes: [{ name: 'vol', size: 64 * MiB }] });
+for (const { store, title } of STORES) needs('fio')(`fio --ioengine=nbd randrw 4k with --verify=crc32c: exit 0, no verify errors${title}`, async (t) => {
+  const server = await startBatonServer(t, { volumes: [{ name: 'vol', size: 64 * MiB }], ...(store ? { store } : {}) });
   const r = await run('fio', [
     '--name=baton', '--ioengine=nbd', `--uri=${server.uri('vol')}`,
     '--rw=randrw', '--bs=4k', '--size=32M', '--iodepth=16', '--verify=crc32c', '--fsync=64',
@@ -332,9 +339,9 @@ const kernelNbd = fs.existsSync('/sys/module/nbd') || fs.existsSync('/dev/nbd0')
 
 // ------------------------------------------------------------------ differential oracle
 
-needs('nbdkit', 'qemu-io', 'qemu-img')('differential: one qemu-io script against nbdkit memory and baton gives the same output and the same bytes', async (t) => {
+for (const { store, title } of STORES) needs('nbdkit', 'qemu-io', 'qemu-img')(`differential: one qemu-io script against nbdkit memory and baton gives the same output and the same bytes${title}`, async (t) => {
   const size = 64 * MiB;
-  const server = await startBatonServer(t, { volumes: [{ name: 'vol', size }] });
+  const server = await startBatonServer(t, { volumes: [{ name: 'vol', size }], ...(store ? { store } : {}) });
   const dir = tempDir(t);
   const ksock = path.join(dir, 'nbdkit.sock');
   const kit = spawn('nbdkit', ['-f', '-U', ksock, 'memory', String(size)], { stdio: ['ignore', 'ignore', 'pipe'] });
