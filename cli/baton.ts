@@ -18,6 +18,7 @@ import { monitorEventLoopDelay } from 'node:perf_hooks';
 import { Command, InvalidArgumentError as CommanderInvalidArgument, Option } from 'commander';
 import { DEFAULT_MAX_CONNECTIONS, NbdServer, type ListenAddress } from '../nbd/server.js';
 import { defaultCacheDir, openCatalog, type CatalogOptions } from '../src/catalog.js';
+import type { CacheStats } from '../src/cache.js';
 import { DEFAULT_RETRY_BUDGET_MS, INTERACTIVE_RETRY_BUDGET_MS } from '../src/store/open.js';
 import { waitForStore } from '../src/store/probe.js';
 import { StoreCatalog, type StoreVolumeInfo } from '../src/volume/catalog.js';
@@ -171,7 +172,7 @@ withStore(program.command('serve')
   .addOption(new Option('--hydrate <mode>', 'when this host opens a volume, fetch in the background what its last holder was working on (working-set), that and then everything (all), or nothing (off)').choices([...HYDRATE_MODES]).default('working-set'))
   .option('--hydrate-concurrency <n>', 'hydration GETs in flight per volume (its share of the store\'s bandwidth; guest reads never wait behind them)', positiveIntArg, DEFAULT_HYDRATE_CONCURRENCY)
   .addOption(new Option('--hydrate-max <size>', 'fetch at most this much per volume (default three quarters of --cache-size)').argParser(sizeArg))
-  .addOption(durationOption('--stats-interval <duration>', 'log RSS, heap and event-loop delay (p50/p99/max since the last line) at info level this often (0: never)', 0))
+  .addOption(durationOption('--stats-interval <duration>', 'log RSS, heap, event-loop delay (p50/p99/max since the last line) and read-cache counters at info level this often (0: never)', 0))
   .option('--log-level <level>', LOG_LEVELS.join(', '), process.env.BATON_LOG_LEVEL ?? 'info')
   .addHelpText('after', `
 Examples:
@@ -190,10 +191,11 @@ host waiting for another to hand a volume over starts while it waits. A file: st
 none (its objects are read in place). baton status shows its progress.`)
   .action(async (opts: StoreFlags & LeaseFlags & { listen: string; socket?: string; cacheDir: string; cacheSize: number; readOnly?: boolean; create?: string; size?: number; handshakeTimeout: number; maxConnections: number; idleGrace: number; logLevel: string; onHeld: OnHeld; heldWait: number; gcInterval: number; gcGrace: number; compactBelow: number; statsInterval: number; hydrate: HydrateMode; hydrateConcurrency: number; hydrateMax?: number }) => {
     const log = makeLogger(opts.logLevel);
-    if (opts.statsInterval > 0) logProcessStats(opts.statsInterval, log);
     if (opts.size !== undefined && !opts.create) throw new InvalidArgumentError('--size is the size of the volume --create NAME makes; without --create it would do nothing (volumes are made with baton create NAME --size SIZE)');
     const catalog = catalogFor(opts, { log, cacheDir: opts.cacheDir, cacheSize: opts.cacheSize, retry: { budgetMs: DEFAULT_RETRY_BUDGET_MS } });
     if (catalog instanceof StoreCatalog) await checkCacheDir(catalog, opts.cacheDir);
+    const cache = catalog instanceof StoreCatalog ? await catalog.readCache() : null;
+    if (opts.statsInterval > 0) logProcessStats(opts.statsInterval, log, () => cache?.stats);
     await probeBeforeServing(catalog, !!opts.readOnly, log);
     if (opts.create) {
       if (opts.size === undefined) throw new BatonError('BATON_ERR_INVALID_ARGUMENT', '--create needs --size (for example --size 10G)');
@@ -625,7 +627,7 @@ withLease(withStore(program.command('status')
  * wakes the loop every 10 ms, which an idle server should not pay for unasked, and a line a
  * minute from an idle server is noise; turn it on to see why a lease renewal came late.
  */
-function logProcessStats(intervalMs: number, log: Logger): void {
+function logProcessStats(intervalMs: number, log: Logger, cacheStats: () => CacheStats | undefined): void {
   const resolutionMs = 10;
   // One histogram per interval (reset after each line) and one since start: percentiles of
   // a whole run cannot be computed from per-interval ones.
@@ -647,6 +649,9 @@ function logProcessStats(intervalMs: number, log: Logger): void {
       eldP50Ms: ms(eld.percentile(50)), eldP99Ms: ms(eld.percentile(99)), eldMaxMs: ms(eld.max), eldMeanMs: ms(eld.mean),
       eldP99SinceStartMs: ms(total.percentile(99)), eldMaxSinceStartMs: ms(total.max),
       cpuPct: Math.round(((c.user + c.system) / 1000 / (now - at)) * 1000) / 10, intervalMs: Math.round(now - at),
+      // The read cache since start: hits and misses in blocks, ranged GETs (reads', readahead's
+      // and hydration's) and their bytes.
+      ...(cacheStats() ? { cache: { ...cacheStats() } } : {}),
     }, 'process stats');
     eld.reset();
     cpu = process.cpuUsage();

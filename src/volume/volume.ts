@@ -851,8 +851,10 @@ export class Volume implements BlockBackend {
       },
       pieces: (offset: number, length: number, out: ObjectPiece[]): void => this.committedPieces(offset, length, out),
     };
-    this.log.info({ mode: opts.mode, workingSetChunks, workingSetBytes: workingSetChunks * ws.chunkBytes }, 'hydration started');
-    this.hydration = new Hydration(source, this.blockCache, this.store, opts, this.world, this.log);
+    // Said at info only when there is something to hydrate (a new volume's first open has nothing).
+    const log = workingSetChunks > 0 || all ? this.log : this.log.child({}, { level: 'warn' });
+    log.info({ mode: opts.mode, workingSetChunks, workingSetBytes: workingSetChunks * ws.chunkBytes }, 'hydration started');
+    this.hydration = new Hydration(source, this.blockCache, this.store, opts, this.world, log);
     return this.hydration;
   }
 
