@@ -38,7 +38,7 @@ export interface HydrateOptions {
   mode: HydrateMode;
   /** Hydration GETs in flight at once (default DEFAULT_HYDRATE_CONCURRENCY). */
   concurrency?: number;
-  /** At most this many bytes fetched (default: three quarters of the cache's capacity). */
+  /** At most this many bytes fetched (default: three quarters of the cache's capacity; never more than all of it). */
   maxBytes?: number;
   /** Largest hydration GET (default DEFAULT_HYDRATE_FETCH). */
   fetchBytes?: number;
@@ -116,7 +116,9 @@ export class Hydration {
     private readonly log: Logger,
   ) {
     this.concurrency = Math.max(1, Math.floor(options.concurrency ?? DEFAULT_HYDRATE_CONCURRENCY));
-    this.maxBytes = Math.max(0, options.maxBytes ?? Math.floor(cache.capacityBytes * 0.75));
+    // Never more than the cache holds: past that, hydration would evict what it brought first
+    // (the most recently used part of the working set).
+    this.maxBytes = Math.max(0, Math.min(options.maxBytes ?? Math.floor(cache.capacityBytes * 0.75), cache.capacityBytes));
     this.fetchBlocks = Math.max(1, Math.floor((options.fetchBytes ?? DEFAULT_HYDRATE_FETCH) / CACHE_BLOCK));
     this.t0 = world.now();
     this.done = this.run().catch((err: unknown) => {
