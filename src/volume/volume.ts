@@ -185,9 +185,11 @@ const PREFETCH_IN_FLIGHT = 16;
 const PREFETCH_STREAMS = 8;
 /**
  * A checkpoint also follows this many new working-set chunks (64 MiB of volume) once at least
- * WS_CHECKPOINT_RECORDS records were committed since the last one: the working set a host
- * that crashes leaves to the next is then at most that much behind (the log after the
- * checkpoint adds what was written since; reads since are what is lost).
+ * WS_CHECKPOINT_RECORDS records were committed since the last one (instead of checkpointEvery;
+ * maybeCheckpoint): the working set a host that crashes leaves to the next is then at most
+ * about that much behind. (The log after the checkpoint adds what was written since; what was
+ * only read since is what a crash loses.) In the background, like every checkpoint: a flush
+ * never waits for it.
  */
 const WS_CHECKPOINT_CHUNKS = 256;
 const WS_CHECKPOINT_RECORDS = 8;
@@ -1293,10 +1295,13 @@ export class Volume implements BlockBackend {
    */
   private maybeCheckpoint(force = false): void {
     const since = this.nextSeq - 1 - this.lastCheckpointSeq;
-    // Also once the working set grew by WS_CHECKPOINT_CHUNKS (see there). A checkpoint goes at
-    // a new log position only (create-only, one per position): hence at least one record.
-    const wsDue = since >= WS_CHECKPOINT_RECORDS && this.workingSet.addedSinceSaved >= WS_CHECKPOINT_CHUNKS;
-    if (this.checkpointing || (!force && !wsDue && since < Math.max(this.checkpointEvery, Math.floor(this.committed.size / 256)))) return;
+    // Also once the working set grew by WS_CHECKPOINT_CHUNKS (see there): that lowers only the
+    // floor of checkpointEvery records, never the bound for big maps (a checkpoint of a map of
+    // millions of extents is tens of MiB). A checkpoint goes at a new log position only
+    // (create-only, one per position): hence at least one record.
+    const bigMap = Math.floor(this.committed.size / 256);
+    const wsDue = since >= Math.max(WS_CHECKPOINT_RECORDS, bigMap) && this.workingSet.addedSinceSaved >= WS_CHECKPOINT_CHUNKS;
+    if (this.checkpointing || (!force && !wsDue && since < Math.max(this.checkpointEvery, bigMap))) return;
     const seq = this.nextSeq - 1;
     // The map as of `seq`, frozen now (synchronously, right after the record at `seq` was
     // applied) and encoded a chunk at a time while commits go on changing the live map: a

@@ -206,6 +206,37 @@ async function rewriteAsV3(store: ObjectStore, key: string): Promise<void> {
   await store.put(key, v3);
 }
 
+test('a working set that grew by 256 chunks is checkpointed after 8 commits (not 64): a crash then loses at most that much of what was only read', async (t) => {
+  const store = new MemoryObjectStore();
+  const a = host(store);
+  await a.catalog.create('v', 256 * MiB);
+  const v = await a.open();
+  for (let c = 0; c < 300; c++) await v.read(c * CHUNK, 4096); // reads only: no record, no checkpoint
+  for (let i = 0; i < 7; i++) await v.write(200 * MiB + i * 4096, pattern(i, 4096), true);
+  t.false(await until(async () => (await listAll(store, keys.checkpointPrefix(v.volumeId))).length > 0, 500), 'not after 7 records');
+  await v.write(200 * MiB + 7 * 4096, pattern(7, 4096), true);
+  t.true(await until(async () => (await listAll(store, keys.checkpointPrefix(v.volumeId))).length === 1), 'after the 8th');
+  // The host "crashes" (never closes): the next host gets the reads from that checkpoint.
+  const w = await host(store).open();
+  const chunks = new Set(w.workingSetSnapshot().chunks);
+  t.true([0, 1, 150, 299].every((c) => chunks.has(c)));
+  t.true(chunks.has((200 * MiB) / CHUNK));
+});
+
+test('the working set never checkpoints a big map more often than its size allows (one record per 256 extents)', async (t) => {
+  const store = new MemoryObjectStore();
+  const a = host(store, 64 * MiB, { checkpointEvery: 10_000 });
+  await a.catalog.create('v', 1024 * MiB);
+  const v = await a.open();
+  for (let i = 0; i < 8192; i++) await v.zero(i * 8192, 4096, { fua: false, mayTrim: false, fastZero: false }); // 8192 extents: the bound is 32 records
+  await v.flush();
+  for (let c = 0; c < 300; c++) await v.read(512 * MiB + c * CHUNK, 4096);
+  for (let i = 0; i < 20; i++) await v.write(900 * MiB + i * 4096, pattern(i, 4096), true);
+  t.false(await until(async () => (await listAll(store, keys.checkpointPrefix(v.volumeId))).length > 0, 1000), 'not after 21 records');
+  for (let i = 20; i < 40; i++) await v.write(900 * MiB + i * 4096, pattern(i, 4096), true);
+  t.true(await until(async () => (await listAll(store, keys.checkpointPrefix(v.volumeId))).length === 1), 'after 32');
+});
+
 test('an old v3 checkpoint (without a working set) still recovers the volume', async (t) => {
   const store = new MemoryObjectStore();
   const a = host(store, 64 * MiB, { segmentBytes: 256 * KiB });
