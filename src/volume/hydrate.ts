@@ -19,6 +19,10 @@
  *   miss with their own GETs at once (hydration's queue is only ever drained by its own
  *   workers). A read that needs a block a hydration GET is already bringing shares that GET
  *   (BlockCache: a block is fetched once), as it does with the sequential prefetch.
+ * - And the guest steers it: a read that misses moves the queued GETs around what it missed
+ *   (that object's range, and the one after it) to the front of the queue (promote), so
+ *   hydration fetches next what the guest is reading now. Recency order alone can be the
+ *   reverse of a reader's order (a build replayed, files read again in the order written).
  * - It goes through BlockCache.prefetch, the sequential readers' prefetch machinery: blocks
  *   cached or in flight are skipped, and a failed fetch costs only the reads that then miss.
  *   The cache is keyed by immutable object keys, so what hydration brings can never be stale.
@@ -67,6 +71,8 @@ export interface HydrationStatus {
   fetchedBytes: number;
   /** Its GETs (prefetch calls) done. */
   requests: number;
+  /** GETs that guest reads moved to the front (promote). */
+  promoted: number;
   /** Working-set chunks it started from. */
   workingSetChunks: number;
   /** maxBytes stopped the plan before everything was planned. */
@@ -88,14 +94,30 @@ export interface HydrationSource {
   readonly workingSetChunks: number;
 }
 
-interface Unit { key: string; size: number; off: number; len: number }
+interface Unit {
+  key: string;
+  size: number;
+  off: number;
+  len: number;
+  /** queued: waiting in `queue` (and maybe `urgent`); taken: a worker has it. */
+  taken: boolean;
+  /** Moved to `urgent` already. */
+  promoted: boolean;
+}
 
 export class Hydration {
   /** Settles (never rejects) when hydration is done or stopped and its GETs have settled. */
   readonly done: Promise<void>;
   private stopped = false;
   private planning = true;
+  /** Planned GETs in plan order (taken ones are skipped); `next` is the first not yet looked at. */
   private readonly queue: Unit[] = [];
+  private next = 0;
+  /** GETs the guest's reads promoted: taken before `queue`. */
+  private urgent: Unit[] = [];
+  /** Queued units of each object, in offset order (for promote). */
+  private readonly byKey = new Map<string, Unit[]>();
+  private promotedCount = 0;
   private wake: (() => void)[] = [];
   private plannedBytes = 0;
   private fetchedBytes = 0;
@@ -132,7 +154,62 @@ export class Hydration {
     if (this.stopped) return;
     this.stopped = true;
     this.queue.length = 0;
+    this.next = 0;
+    this.urgent = [];
+    this.byKey.clear();
     for (const w of this.wake.splice(0)) w();
+  }
+
+  get isRunning(): boolean { return this.endedAt === null && !this.stopped; }
+
+  /**
+   * A guest read missed [off, off+len) of object `key`: fetch the queued GETs that cover it,
+   * and the one after it, next. (The read itself does not wait for them: it has its own GET.)
+   */
+  promote(key: string, off: number, len: number): void {
+    const units = this.byKey.get(key);
+    if (!units) return;
+    let last = -1;
+    for (let i = 0; i < units.length; i++) {
+      const u = units[i]!;
+      if (u.off < off + len && off < u.off + u.len) last = i;
+      else if (last >= 0 && u.off >= off + len) break;
+    }
+    if (last < 0) return;
+    for (let i = 0; i <= Math.min(last + 1, units.length - 1); i++) {
+      const u = units[i]!;
+      const covers = u.off < off + len && off < u.off + u.len;
+      if ((covers || i === last + 1) && !u.taken && !u.promoted) {
+        u.promoted = true;
+        this.urgent.push(u);
+        this.promotedCount++;
+      }
+    }
+    for (const w of this.wake.splice(0)) w();
+  }
+
+  /** The next GET to make: promoted ones first, then in plan order. */
+  private take(): Unit | undefined {
+    while (this.urgent.length > 0) {
+      const u = this.urgent.shift()!;
+      if (!u.taken) return this.claim(u);
+    }
+    while (this.next < this.queue.length) {
+      const u = this.queue[this.next++]!;
+      if (!u.taken) return this.claim(u);
+    }
+    return undefined;
+  }
+
+  private claim(u: Unit): Unit {
+    u.taken = true;
+    const units = this.byKey.get(u.key);
+    if (units) {
+      const i = units.indexOf(u);
+      if (i >= 0) units.splice(i, 1);
+      if (units.length === 0) this.byKey.delete(u.key);
+    }
+    return u;
   }
 
   get isStopped(): boolean { return this.stopped; }
@@ -146,6 +223,7 @@ export class Hydration {
       plannedBytes: this.plannedBytes,
       fetchedBytes: this.fetchedBytes,
       requests: this.requests,
+      promoted: this.promotedCount,
       workingSetChunks: this.source.workingSetChunks,
       truncated: this.truncated,
       ms: Math.round((this.endedAt ?? this.world.now()) - this.t0),
@@ -163,13 +241,13 @@ export class Hydration {
     await Promise.all(workers);
     if (this.stopped) return;
     const s = this.status();
-    this.log.info({ mode: s.mode, fetchedBytes: s.fetchedBytes, plannedBytes: s.plannedBytes, requests: s.requests, workingSetChunks: s.workingSetChunks, truncated: s.truncated, ms: s.ms }, 'hydration done');
+    this.log.info({ mode: s.mode, fetchedBytes: s.fetchedBytes, plannedBytes: s.plannedBytes, requests: s.requests, promoted: s.promoted, workingSetChunks: s.workingSetChunks, truncated: s.truncated, ms: s.ms }, 'hydration done');
   }
 
   private async worker(): Promise<void> {
     for (;;) {
       if (this.stopped) return;
-      const u = this.queue.shift();
+      const u = this.take();
       if (!u) {
         if (!this.planning) return;
         await new Promise<void>((r) => this.wake.push(r));
@@ -194,7 +272,7 @@ export class Hydration {
       const ok = this.planBatch(batch, plannedBlocks);
       batch = [];
       batchBytes = 0;
-      if (this.queue.length > 0) for (const w of this.wake.splice(0)) w();
+      if (this.next < this.queue.length) for (const w of this.wake.splice(0)) w();
       return ok;
     };
     for (const r of this.source.ranges()) {
@@ -245,7 +323,16 @@ export class Hydration {
           if (this.plannedBytes + bytes > this.maxBytes) { this.truncated = true; return false; }
           for (let x = b; x <= e; x++) plannedBlocks.add(`${key}#${x}`);
           this.plannedBytes += bytes;
-          this.queue.push({ key, size: g.size, off: b * CACHE_BLOCK, len: (e - b + 1) * CACHE_BLOCK });
+          const u: Unit = { key, size: g.size, off: b * CACHE_BLOCK, len: (e - b + 1) * CACHE_BLOCK, taken: false, promoted: false };
+          this.queue.push(u);
+          // Kept in offset order (a later batch may plan lower offsets of the same object).
+          const units = this.byKey.get(key);
+          if (!units) this.byKey.set(key, [u]);
+          else {
+            let i = units.length;
+            while (i > 0 && units[i - 1]!.off > u.off) i--;
+            units.splice(i, 0, u);
+          }
         }
       }
     }

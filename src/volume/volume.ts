@@ -698,6 +698,10 @@ export class Volume implements BlockBackend {
       else fetches.push({ key: v.key, size: v.size, off: v.off, len: p.length, outOff: p.offset - offset });
     });
     if (fetches.length > 0) {
+      // While hydration runs, what this read needs goes to the front of its queue (the read
+      // itself does not wait for it: its misses are fetched below, at once).
+      const h = this.hydration;
+      if (h?.isRunning && !this.local) for (const f of fetches) h.promote(f.key, f.off, f.len);
       // A local store's objects are read where they lie; others through the block cache,
       // sequential readers with a growing readahead window.
       const local = this.local;

@@ -381,6 +381,36 @@ test('a guest read during hydration is served at once: it never waits behind hyd
   for (const [i, off] of offsets.entries()) t.true((await w.read(off, CHUNK)).equals(data[i]!));
 });
 
+test('a guest read that misses moves hydration\'s queued GETs around it to the front (hydration follows the reader)', async (t) => {
+  const mem = new MemoryObjectStore();
+  const a = host(mem, 64 * MiB, { segmentBytes: 8 * MiB });
+  await a.catalog.create('v', 64 * MiB);
+  const v = await a.open();
+  await v.write(0, pattern(3, 16 * MiB), true); // two 8 MiB segments; the working set: highest offsets most recent
+  await v.close();
+  const watch = new WatchingStore(mem);
+  const w = await host(watch).open();
+  const low = keyAt(w, 0);
+  const high = keyAt(w, 8 * MiB);
+  watch.gets.length = 0;
+  watch.hold();
+  const h = hydrate(w, { concurrency: 1, fetchBytes: 2 * MiB });
+  t.true(await until(() => watch.held === 1));
+  t.is(watch.gets[0]!.key, high, 'most recent first: the upper segment');
+  watch.holding = false;
+  const got = await w.read(0, 4096); // the other end: its own GET, at once
+  t.true(got.equals(pattern(3, 16 * MiB).subarray(0, 4096)));
+  t.is(h.status().promoted, 2, 'the queued GET covering it and the one after it');
+  watch.release();
+  await h.done;
+  const order = watch.gets.map((g) => `${g.key === low ? 'low' : 'high'}@${g.offset / MiB}`);
+  t.deepEqual(order.slice(0, 5), ['high@0', 'low@0', 'low@0.25', 'low@2', 'high@2'], 'held GET, the read\'s own, then the promoted ones (the read\'s block skipped), then plan order');
+  t.is(watch.gets.reduce((n, g) => n + g.length, 0), 16 * MiB, 'every byte fetched once');
+  watch.gets.length = 0;
+  t.true((await w.read(0, 16 * MiB)).equals(pattern(3, 16 * MiB)));
+  t.is(watch.gets.length, 0);
+});
+
 test('hydration stays within its byte budget (--hydrate-max), most recent first', async (t) => {
   const mem = new MemoryObjectStore();
   const { offsets, sizes } = await volumeOfChunks(mem, 16);
