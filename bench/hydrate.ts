@@ -28,7 +28,8 @@
  * Every baton process: --lease-ttl 60, its own --cache-dir, the same BATON_HOME (lease files);
  * B: --idle-grace 120 (the volume stays open between the probe READ and the mount).
  * Needs root (losetup, mount), nbdfuse, fusermount3, e2fsprogs, git, npm; radosgw optional.
- * Knobs: SIZE (1G), PACKAGES (340), FILES (28 per package), LATENCY_MS (20), ROUNDS (3), RGW (1), SEED (1).
+ * Knobs: SIZE (1G), PACKAGES (340), FILES (28 per package), LATENCY_MS (20), ROUNDS (3), FILE (1; 0 skips
+ * the file: store), RGW (1; 0 skips radosgw), SEED (1).
  * Results: bench/results/hydrate.md and .json (with goal rows).
  */
 
@@ -52,6 +53,7 @@ const SEED = Math.floor(envNumber('SEED', 1)) >>> 0;
 const ROUNDS = Math.max(1, Math.floor(envNumber('ROUNDS', 3)));
 const IS_ROOT = process.getuid?.() === 0;
 const RGW = envFlag('RGW', true) && IS_ROOT && has('radosgw');
+const FILE = envFlag('FILE', true);
 const VOLUME = 'ws';
 const TOOLS = ['nbdfuse', 'fusermount3', 'losetup', 'mkfs.ext4', 'mount', 'umount', 'git', 'npm', 'sync', 'find', 'cat'];
 
@@ -377,9 +379,10 @@ async function main(): Promise<void> {
   const errors: Report['errors'] = [];
   const targets: TargetResult[] = [];
   let rgwVersion: string | null = null;
-  const opens: (() => Promise<{ target: Target; done: () => Promise<void> }>)[] = [
-    async () => ({ target: { label: `file: +${LATENCY_MS} ms`, store: `file:${path.join(root, 'file-store')}`, env: { BATON_FAULTS: JSON.stringify({ latencyMs: LATENCY_MS }) }, latencyMs: LATENCY_MS }, done: async () => {} }),
-  ];
+  const opens: (() => Promise<{ target: Target; done: () => Promise<void> }>)[] = [];
+  if (FILE) {
+    opens.push(async () => ({ target: { label: `file: +${LATENCY_MS} ms`, store: `file:${path.join(root, 'file-store')}`, env: { BATON_FAULTS: JSON.stringify({ latencyMs: LATENCY_MS }) }, latencyMs: LATENCY_MS }, done: async () => {} }));
+  }
   if (RGW) {
     opens.push(async () => {
       const { rgw, version } = await startRgwBucket(path.join(root, 'rgw'), 'bench');

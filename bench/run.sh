@@ -8,7 +8,7 @@
 # gc (space amplification after a churn workload: stored ÷ live after GC alone and after compaction + GC, GC run times): SIZE, LIVE, CHURN, SEED, BELOW, MAX_OP_MS, RGW, RGW_BELOW.
 # fleet (one store with 10, 1,000 and 10,000 volumes: ls, info, serve start-up, attach, GC requests): VOLUMES, WRITTEN_EVERY, MAX_OP_MS.
 # scale (maps of 10k, 1M and 10M extents: memory, checkpoint, recovery, compaction planning, event-loop delay): EXTENTS, DATA_EVERY, FLUSH_EVERY.
-# hydrate (issue 13: the seed's workspace, ~10,000 files, read on the host that built it vs a new host with an empty cache, --hydrate off / working-set / all; file: +20 ms and radosgw; root): SIZE, PACKAGES, FILES, LATENCY_MS, RGW, SEED.
+# hydrate (issue 13: the seed's workspace, ~10,000 files, read on the host that built it vs a new host with an empty cache, --hydrate off / working-set / all; file: +20 ms and radosgw; root): SIZE, PACKAGES, FILES, LATENCY_MS, ROUNDS, FILE, RGW, SEED.
 # workspace-forks (three forks of the seed's git + npm workspace on ext4: fork, attach, commit, fsck, store bytes, rm + gc; root): SIZE, RGW, SEED.
 # soak is not in the default list (it runs 10 minutes): SCENARIOS=soak DURATION=10m npm run bench, or
 # node dist/bench/soak.js --duration 10m (root, redis-server, radosgw, fio, nbdfuse; see bench/README.md).

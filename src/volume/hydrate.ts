@@ -19,6 +19,11 @@
  *   miss with their own GETs at once (hydration's queue is only ever drained by its own
  *   workers). A read that needs a block a hydration GET is already bringing shares that GET
  *   (BlockCache: a block is fetched once), as it does with the sequential prefetch.
+ * - While guest reads miss, hydration steps back: until GUEST_QUIET_MS after the last miss it
+ *   starts only GETs the guest promoted (below), at most a quarter of its window (at least
+ *   one), so the guest's own GETs do not queue at the store behind a full window of large ones
+ *   (on a store that shares a machine's CPU with everything else, radosgw here, they did: a
+ *   cold mount took 10x longer).
  * - And the guest steers it: a read that misses moves the queued GETs around what it missed
  *   (that object's range, and the one after it) to the front of the queue (promote), so
  *   hydration fetches next what the guest is reading now. Recency order alone can be the
@@ -57,6 +62,8 @@ export const DEFAULT_HYDRATE_CONCURRENCY = 8;
 export const DEFAULT_HYDRATE_FETCH = 2 * 1024 * 1024;
 /** Volume bytes of ranges planned together (coalesced by object). */
 const BATCH_BYTES = 16 * 1024 * 1024;
+/** How long after a guest read's miss hydration keeps to its reduced window. */
+const GUEST_QUIET_MS = 50;
 
 export type HydrationState = 'running' | 'done' | 'stopped';
 
@@ -118,6 +125,9 @@ export class Hydration {
   /** Queued units of each object, in offset order (for promote). */
   private readonly byKey = new Map<string, Unit[]>();
   private promotedCount = 0;
+  /** world.now() until which guest reads count as missing (guestMissed). */
+  private guestUntil = 0;
+  private readonly guestConcurrency: number;
   private wake: (() => void)[] = [];
   private plannedBytes = 0;
   private fetchedBytes = 0;
@@ -142,6 +152,7 @@ export class Hydration {
     // (the most recently used part of the working set).
     this.maxBytes = Math.max(0, Math.min(options.maxBytes ?? Math.floor(cache.capacityBytes * 0.75), cache.capacityBytes));
     this.fetchBlocks = Math.max(1, Math.floor((options.fetchBytes ?? DEFAULT_HYDRATE_FETCH) / CACHE_BLOCK));
+    this.guestConcurrency = Math.max(1, Math.floor(this.concurrency / 4));
     this.t0 = world.now();
     this.done = this.run().catch((err: unknown) => {
       // Planning walks maps; nothing in it should throw, but a hint must never take anything down.
@@ -188,6 +199,16 @@ export class Hydration {
     for (const w of this.wake.splice(0)) w();
   }
 
+  /** A guest read is fetching from the store: step back for a while (see the top of the file). */
+  guestMissed(): void {
+    this.guestUntil = this.world.now() + GUEST_QUIET_MS;
+  }
+
+  private hasUrgent(): boolean {
+    while (this.urgent.length > 0 && this.urgent[0]!.taken) this.urgent.shift();
+    return this.urgent.length > 0;
+  }
+
   /** The next GET to make: promoted ones first, then in plan order. */
   private take(): Unit | undefined {
     while (this.urgent.length > 0) {
@@ -231,7 +252,7 @@ export class Hydration {
   }
 
   private async run(): Promise<void> {
-    const workers = Array.from({ length: this.concurrency }, () => this.worker());
+    const workers = Array.from({ length: this.concurrency }, (_, i) => this.worker(i));
     try {
       await this.plan();
     } finally {
@@ -244,9 +265,15 @@ export class Hydration {
     this.log.info({ mode: s.mode, fetchedBytes: s.fetchedBytes, plannedBytes: s.plannedBytes, requests: s.requests, promoted: s.promoted, workingSetChunks: s.workingSetChunks, truncated: s.truncated, ms: s.ms }, 'hydration done');
   }
 
-  private async worker(): Promise<void> {
+  private async worker(index: number): Promise<void> {
     for (;;) {
       if (this.stopped) return;
+      const quietFor = this.guestUntil - this.world.now();
+      const quiet = quietFor > 0;
+      if (quiet && (index >= this.guestConcurrency || !this.hasUrgent())) {
+        await new Promise<void>((r) => this.world.setTimeout(r, quietFor));
+        continue;
+      }
       const u = this.take();
       if (!u) {
         if (!this.planning) return;

@@ -699,9 +699,15 @@ export class Volume implements BlockBackend {
     });
     if (fetches.length > 0) {
       // While hydration runs, what this read needs goes to the front of its queue (the read
-      // itself does not wait for it: its misses are fetched below, at once).
+      // itself does not wait for it: its misses are fetched below, at once), and a miss makes
+      // hydration step back for a moment (hydrate.ts).
       const h = this.hydration;
-      if (h?.isRunning && !this.local) for (const f of fetches) h.promote(f.key, f.off, f.len);
+      if (h?.isRunning && !this.local) {
+        for (const f of fetches) {
+          if (this.blockCache.missingBytes(f.key, f.size, f.off, f.len) > 0) h.guestMissed();
+          h.promote(f.key, f.off, f.len);
+        }
+      }
       // A local store's objects are read where they lie; others through the block cache,
       // sequential readers with a growing readahead window.
       const local = this.local;
