@@ -51,6 +51,8 @@ export interface HydrateOptions {
   maxBytes?: number;
   /** Largest hydration GET (default DEFAULT_HYDRATE_FETCH). */
   fetchBytes?: number;
+  /** How long after a guest read's miss hydration steps back (default GUEST_QUIET_MS; tests). */
+  guestQuietMs?: number;
 }
 
 export const DEFAULT_HYDRATE_CONCURRENCY = 8;
@@ -128,6 +130,7 @@ export class Hydration {
   /** world.now() until which guest reads count as missing (guestMissed). */
   private guestUntil = 0;
   private readonly guestConcurrency: number;
+  private readonly guestQuietMs: number;
   private wake: (() => void)[] = [];
   private plannedBytes = 0;
   private fetchedBytes = 0;
@@ -153,6 +156,7 @@ export class Hydration {
     this.maxBytes = Math.max(0, Math.min(options.maxBytes ?? Math.floor(cache.capacityBytes * 0.75), cache.capacityBytes));
     this.fetchBlocks = Math.max(1, Math.floor((options.fetchBytes ?? DEFAULT_HYDRATE_FETCH) / CACHE_BLOCK));
     this.guestConcurrency = Math.max(1, Math.floor(this.concurrency / 4));
+    this.guestQuietMs = options.guestQuietMs ?? GUEST_QUIET_MS;
     this.t0 = world.now();
     this.done = this.run().catch((err: unknown) => {
       // Planning walks maps; nothing in it should throw, but a hint must never take anything down.
@@ -201,7 +205,7 @@ export class Hydration {
 
   /** A guest read is fetching from the store: step back for a while (see the top of the file). */
   guestMissed(): void {
-    this.guestUntil = this.world.now() + GUEST_QUIET_MS;
+    this.guestUntil = this.world.now() + this.guestQuietMs;
   }
 
   private hasUrgent(): boolean {

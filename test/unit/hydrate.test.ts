@@ -411,6 +411,27 @@ test('a guest read that misses moves hydration\'s queued GETs around it to the f
   t.is(watch.gets.length, 0);
 });
 
+test('while guest reads miss, hydration steps back: only GETs the guest promoted start until it has been quiet for a while', async (t) => {
+  const mem = new MemoryObjectStore();
+  const { data, offsets } = await volumeOfChunks(mem, 32);
+  const watch = new WatchingStore(mem);
+  const w = await host(watch).open();
+  watch.gets.length = 0;
+  watch.hold();
+  const h = hydrate(w, { concurrency: 4, guestQuietMs: 1500 });
+  t.true(await until(() => watch.held === 4), 'a full window in flight');
+  watch.holding = false;
+  t.true((await w.read(offsets[0]!, 4096)).equals(data[0]!.subarray(0, 4096)), 'a miss: its own GET, at once');
+  const afterRead = watch.gets.length;
+  watch.release(); // the four finish; the window would refill now
+  await sleep(400);
+  t.true(watch.gets.length - afterRead <= 1, `within the quiet period only the promoted GET may start (saw ${watch.gets.length - afterRead})`);
+  t.true(h.isRunning);
+  await h.done; // then hydration goes on to the end
+  t.is(h.status().state, 'done');
+  for (const [i, off] of offsets.entries()) t.true((await w.read(off, CHUNK)).equals(data[i]!));
+});
+
 test('hydration stays within its byte budget (--hydrate-max), most recent first', async (t) => {
   const mem = new MemoryObjectStore();
   const { offsets, sizes } = await volumeOfChunks(mem, 16);
