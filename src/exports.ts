@@ -406,9 +406,6 @@ export class VolumeExports implements ExportProvider {
     s.ov = await this.catalog.open(name, { readOnly: false });
     this.watchVolume(s);
     this.stillOpening(s);
-    // Recovered: hydrate from here on, while the takeover record is written (reads only, of
-    // immutable objects: it needs no lease; close() and a fence stop it).
-    this.startHydration(s);
     const vol = s.ov.volume;
     if (vol) {
       try {
@@ -430,6 +427,10 @@ export class VolumeExports implements ExportProvider {
       const held = s.lease;
       vol.setWriteDeadline(() => held.validUntil());
     }
+    // Hydrate once the takeover record is in (its put then has the store to itself; the
+    // hydration from before the lease was ours, if any, runs until here). Reads only, of
+    // immutable objects; close() and a fence stop it.
+    this.startHydration(s);
     s.complete = true;
   }
 

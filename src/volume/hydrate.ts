@@ -19,6 +19,8 @@
  *   miss with their own GETs at once (hydration's queue is only ever drained by its own
  *   workers). A read that needs a block a hydration GET is already bringing shares that GET
  *   (BlockCache: a block is fetched once), as it does with the sequential prefetch.
+ * - It starts with a quarter of its window (RAMP_MS): the client that made the host open the
+ *   volume reads right away.
  * - While guest reads miss, hydration steps back: until GUEST_QUIET_MS after the last miss it
  *   starts only GETs the guest promoted (below), at most a quarter of its window (at least
  *   one), so the guest's own GETs do not queue at the store behind a full window of large ones
@@ -66,6 +68,12 @@ export const DEFAULT_HYDRATE_FETCH = 2 * 1024 * 1024;
 const BATCH_BYTES = 16 * 1024 * 1024;
 /** How long after a guest read's miss hydration keeps to its reduced window. */
 const GUEST_QUIET_MS = 50;
+/**
+ * For this long after it starts, hydration keeps to a quarter of its window: a volume is
+ * opened because a client attaches, and its first reads (a partition scan, a mount) come
+ * right after; they should find the store as idle as without hydration.
+ */
+const RAMP_MS = 250;
 
 export type HydrationState = 'running' | 'done' | 'stopped';
 
@@ -272,10 +280,16 @@ export class Hydration {
   private async worker(index: number): Promise<void> {
     for (;;) {
       if (this.stopped) return;
-      const quietFor = this.guestUntil - this.world.now();
+      const now = this.world.now();
+      const quietFor = this.guestUntil - now;
       const quiet = quietFor > 0;
       if (quiet && (index >= this.guestConcurrency || !this.hasUrgent())) {
         await new Promise<void>((r) => this.world.setTimeout(r, quietFor));
+        continue;
+      }
+      const rampFor = this.t0 + RAMP_MS - now;
+      if (rampFor > 0 && index >= this.guestConcurrency) {
+        await new Promise<void>((r) => this.world.setTimeout(r, rampFor));
         continue;
       }
       const u = this.take();
