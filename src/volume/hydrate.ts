@@ -19,13 +19,15 @@
  *   miss with their own GETs at once (hydration's queue is only ever drained by its own
  *   workers). A read that needs a block a hydration GET is already bringing shares that GET
  *   (BlockCache: a block is fetched once), as it does with the sequential prefetch.
- * - It starts with a quarter of its window (RAMP_MS): the client that made the host open the
- *   volume reads right away.
  * - While guest reads miss, hydration steps back: until GUEST_QUIET_MS after the last miss it
- *   starts only GETs the guest promoted (below), at most a quarter of its window (at least
- *   one), so the guest's own GETs do not queue at the store behind a full window of large ones
- *   (on a store that shares a machine's CPU with everything else, radosgw here, they did: a
- *   cold mount took 10x longer).
+ *   keeps half its window (at least one GET) in flight, the GETs the guest promoted (below)
+ *   first, so the guest's own GETs do not queue at the store behind a full window of large
+ *   ones (on a store that shares a machine's CPU with everything else, radosgw here, a cold
+ *   mount took 10x longer). Only half: a reader that misses again and again is best served by
+ *   hydration getting ahead of it (a miss costs a store round trip; on a store whose latency,
+ *   not its CPU, bounds it, a window of 8 is not what slows the miss). Starting only promoted
+ *   GETs while the guest missed left hydration running 1.5-2x as long there (bench/hydrate.ts,
+ *   file: +20 ms), the reader missing all the while.
  * - And the guest steers it: a read that misses moves the queued GETs around what it missed
  *   (that object's range, and the one after it) to the front of the queue (promote), so
  *   hydration fetches next what the guest is reading now. Recency order alone can be the
@@ -68,12 +70,7 @@ export const DEFAULT_HYDRATE_FETCH = 2 * 1024 * 1024;
 const BATCH_BYTES = 16 * 1024 * 1024;
 /** How long after a guest read's miss hydration keeps to its reduced window. */
 const GUEST_QUIET_MS = 50;
-/**
- * For this long after it starts, hydration keeps to a quarter of its window: a volume is
- * opened because a client attaches, and its first reads (a partition scan, a mount) come
- * right after; they should find the store as idle as without hydration.
- */
-const RAMP_MS = 250;
+
 
 export type HydrationState = 'running' | 'done' | 'stopped';
 
@@ -163,7 +160,7 @@ export class Hydration {
     // (the most recently used part of the working set).
     this.maxBytes = Math.max(0, Math.min(options.maxBytes ?? Math.floor(cache.capacityBytes * 0.75), cache.capacityBytes));
     this.fetchBlocks = Math.max(1, Math.floor((options.fetchBytes ?? DEFAULT_HYDRATE_FETCH) / CACHE_BLOCK));
-    this.guestConcurrency = Math.max(1, Math.floor(this.concurrency / 4));
+    this.guestConcurrency = Math.max(1, Math.floor(this.concurrency / 2));
     this.guestQuietMs = options.guestQuietMs ?? GUEST_QUIET_MS;
     this.t0 = world.now();
     this.done = this.run().catch((err: unknown) => {
@@ -214,11 +211,6 @@ export class Hydration {
   /** A guest read is fetching from the store: step back for a while (see the top of the file). */
   guestMissed(): void {
     this.guestUntil = this.world.now() + this.guestQuietMs;
-  }
-
-  private hasUrgent(): boolean {
-    while (this.urgent.length > 0 && this.urgent[0]!.taken) this.urgent.shift();
-    return this.urgent.length > 0;
   }
 
   /** The next GET to make: promoted ones first, then in plan order. */
@@ -280,16 +272,9 @@ export class Hydration {
   private async worker(index: number): Promise<void> {
     for (;;) {
       if (this.stopped) return;
-      const now = this.world.now();
-      const quietFor = this.guestUntil - now;
-      const quiet = quietFor > 0;
-      if (quiet && (index >= this.guestConcurrency || !this.hasUrgent())) {
+      const quietFor = this.guestUntil - this.world.now();
+      if (quietFor > 0 && index >= this.guestConcurrency) {
         await new Promise<void>((r) => this.world.setTimeout(r, quietFor));
-        continue;
-      }
-      const rampFor = this.t0 + RAMP_MS - now;
-      if (rampFor > 0 && index >= this.guestConcurrency) {
-        await new Promise<void>((r) => this.world.setTimeout(r, rampFor));
         continue;
       }
       const u = this.take();
