@@ -18,6 +18,7 @@ import { monitorEventLoopDelay } from 'node:perf_hooks';
 import { Command, InvalidArgumentError as CommanderInvalidArgument, Option } from 'commander';
 import { DEFAULT_MAX_CONNECTIONS, NbdServer, type ListenAddress } from '../nbd/server.js';
 import { defaultCacheDir, openCatalog, type CatalogOptions } from '../src/catalog.js';
+import type { CacheStats } from '../src/cache.js';
 import { DEFAULT_RETRY_BUDGET_MS, INTERACTIVE_RETRY_BUDGET_MS } from '../src/store/open.js';
 import { waitForStore } from '../src/store/probe.js';
 import { StoreCatalog, type StoreVolumeInfo } from '../src/volume/catalog.js';
@@ -30,6 +31,8 @@ import { VolumeExports, defaultHostId, type OnHeld } from '../src/exports.js';
 import { openLeaseManager } from '../src/lease/open.js';
 import { BackgroundMaintenance, DEFAULT_COMPACT_BELOW, compactIdleVolumes, type CompactionReport } from '../src/maintenance.js';
 import { DEFAULT_GC_GRACE_MS, collectGarbage } from '../src/volume/gc.js';
+import { DEFAULT_HYDRATE_CONCURRENCY, HYDRATE_MODES, type HydrateMode } from '../src/volume/hydrate.js';
+import { NbdClient } from '../nbd/client.js';
 
 function sizeArg(v: string): number {
   try { return parseSize(v); } catch (err) { throw new CommanderInvalidArgument(errorMessage(err)); }
@@ -60,6 +63,12 @@ const DEFAULT_CACHE_SIZE = 2 * 1024 ** 3;
 function fractionArg(v: string): number {
   const n = Number(v);
   if (!Number.isFinite(n) || n < 0 || n > 1) throw new CommanderInvalidArgument(`not a fraction between 0 and 1: ${v}`);
+  return n;
+}
+
+function positiveIntArg(v: string): number {
+  const n = Number(v);
+  if (!Number.isInteger(n) || n < 1) throw new CommanderInvalidArgument(`not a positive whole number: ${v}`);
   return n;
 }
 
@@ -160,7 +169,10 @@ withStore(program.command('serve')
   .addOption(durationOption('--gc-interval <duration>', 'while serving volumes, compact them and collect garbage this often (0: never)', DEFAULT_GC_GRACE_MS))
   .addOption(durationOption('--gc-grace <duration>', 'garbage collection grace period (see baton gc --help)', DEFAULT_GC_GRACE_MS))
   .option('--compact-below <fraction>', 'rewrite objects of served volumes whose live fraction is below this', fractionArg, DEFAULT_COMPACT_BELOW)
-  .addOption(durationOption('--stats-interval <duration>', 'log RSS, heap and event-loop delay (p50/p99/max since the last line) at info level this often (0: never)', 0))
+  .addOption(new Option('--hydrate <mode>', 'when this host opens a volume, fetch in the background what its last holder was working on (working-set), that and then everything (all), or nothing (off)').choices([...HYDRATE_MODES]).default('working-set'))
+  .option('--hydrate-concurrency <n>', 'hydration GETs in flight per volume (its share of the store\'s bandwidth; guest reads never wait behind them)', positiveIntArg, DEFAULT_HYDRATE_CONCURRENCY)
+  .addOption(new Option('--hydrate-max <size>', 'fetch at most this much per volume (default three quarters of --cache-size)').argParser(sizeArg))
+  .addOption(durationOption('--stats-interval <duration>', 'log RSS, heap, event-loop delay (p50/p99/max since the last line) and read-cache counters at info level this often (0: never)', 0))
   .option('--log-level <level>', LOG_LEVELS.join(', '), process.env.BATON_LOG_LEVEL ?? 'info')
   .addHelpText('after', `
 Examples:
@@ -168,13 +180,22 @@ Examples:
   $ baton serve --socket /run/baton.sock --store file:/var/lib/baton
   $ AWS_PROFILE=ci baton serve --store s3://my-bucket/baton --endpoint http://127.0.0.1:7480
   $ nbd-client -N work 127.0.0.1 10809 /dev/nbd0     # attach with the kernel client
-  $ nbdfuse /mnt/work nbd://127.0.0.1/work &         # or as a file through FUSE`)
-  .action(async (opts: StoreFlags & LeaseFlags & { listen: string; socket?: string; cacheDir: string; cacheSize: number; readOnly?: boolean; create?: string; size?: number; handshakeTimeout: number; maxConnections: number; idleGrace: number; logLevel: string; onHeld: OnHeld; heldWait: number; gcInterval: number; gcGrace: number; compactBelow: number; statsInterval: number }) => {
+  $ nbdfuse /mnt/work nbd://127.0.0.1/work &         # or as a file through FUSE
+  $ baton serve --store s3://b/p --hydrate all --hydrate-concurrency 4 --cache-size 20G
+
+Hydration: a volume's holder records which parts of it were read and written lately (its
+working set) in its checkpoints. A host that opens the volume (after a takeover, a handoff,
+a fork's first attach, a restart) fetches those parts into its read cache in the
+background, most recently used first, within --hydrate-max and --hydrate-concurrency; a
+host waiting for another to hand a volume over starts while it waits. A file: store needs
+none (its objects are read in place). baton status shows its progress.`)
+  .action(async (opts: StoreFlags & LeaseFlags & { listen: string; socket?: string; cacheDir: string; cacheSize: number; readOnly?: boolean; create?: string; size?: number; handshakeTimeout: number; maxConnections: number; idleGrace: number; logLevel: string; onHeld: OnHeld; heldWait: number; gcInterval: number; gcGrace: number; compactBelow: number; statsInterval: number; hydrate: HydrateMode; hydrateConcurrency: number; hydrateMax?: number }) => {
     const log = makeLogger(opts.logLevel);
-    if (opts.statsInterval > 0) logProcessStats(opts.statsInterval, log);
     if (opts.size !== undefined && !opts.create) throw new InvalidArgumentError('--size is the size of the volume --create NAME makes; without --create it would do nothing (volumes are made with baton create NAME --size SIZE)');
     const catalog = catalogFor(opts, { log, cacheDir: opts.cacheDir, cacheSize: opts.cacheSize, retry: { budgetMs: DEFAULT_RETRY_BUDGET_MS } });
     if (catalog instanceof StoreCatalog) await checkCacheDir(catalog, opts.cacheDir);
+    const cache = catalog instanceof StoreCatalog ? await catalog.readCache() : null;
+    if (opts.statsInterval > 0) logProcessStats(opts.statsInterval, log, () => cache?.stats);
     await probeBeforeServing(catalog, !!opts.readOnly, log);
     if (opts.create) {
       if (opts.size === undefined) throw new BatonError('BATON_ERR_INVALID_ARGUMENT', '--create needs --size (for example --size 10G)');
@@ -189,6 +210,7 @@ Examples:
     const leases = catalog instanceof StoreCatalog && !opts.readOnly ? await leaseManagerFor(opts, log) : null;
     const exports = new VolumeExports(catalog, {
       readOnly: !!opts.readOnly, idleGraceMs: opts.idleGrace * 1000, log,
+      hydrate: { mode: opts.hydrate, concurrency: opts.hydrateConcurrency, ...(opts.hydrateMax !== undefined ? { maxBytes: opts.hydrateMax } : {}) },
       ...(leases ? { lease: { manager: leases, hostId: opts.hostId, onHeld: opts.onHeld, waitMs: opts.heldWait * 1000, address: 'path' in addr ? `unix:${addr.path}` : `${addr.host}:${addr.port}` } } : {}),
     });
     const server = new NbdServer(exports, { log, handshakeTimeoutMs: opts.handshakeTimeout * 1000, maxConnections: opts.maxConnections });
@@ -477,8 +499,110 @@ Examples:
     }
   });
 
+withStore(program.command('prefetch')
+  .description('warm a serving host\'s read cache with a volume\'s working set (or all of it), with progress')
+  .argument('<name>', 'volume (or NAME@SNAP) to warm'))
+  .option('--socket <path>', 'the server\'s Unix socket (as given to baton serve --socket)')
+  .option('--listen <host:port>', 'the server\'s TCP address (as given to baton serve --listen)', DEFAULT_LISTEN)
+  .option('--all', 'every byte the volume holds, the working set first (default: the working set only)')
+  .option('--concurrency <n>', 'CACHE requests in flight', positiveIntArg, 8)
+  .option('--json', 'progress as JSON lines (also the default when stderr is not a terminal)')
+  .addHelpText('after', `
+The ranges come from the volume's newest checkpoint and log in the store (its working set:
+what its holder read and wrote lately, most recently used first); the server named by
+--socket/--listen is asked to fetch them into its read cache with NBD CACHE requests. The
+server attaches the volume as it would for any client (its lease and --on-held policy
+apply). Progress goes to stderr: a bar on a terminal, JSON lines otherwise (or with --json):
+{"volume","doneBytes","totalBytes","bytesPerSecond","etaSeconds","elapsedMs","done"}.
+
+Examples:
+  $ baton prefetch work                                # the working set, via 127.0.0.1:10809
+  $ baton prefetch work --all --socket /run/baton.sock
+  $ baton prefetch work --json --store s3://b/p --endpoint http://10.0.0.5:7480`)
+  .action(async (name: string, opts: StoreFlags & { socket?: string; listen: string; all?: boolean; concurrency: number; json?: boolean }) => {
+    const catalog = storeCatalog(opts, 'prefetch');
+    const view = await catalog.loadMap(name);
+    let ranges: { offset: number; length: number }[];
+    try {
+      ranges = view.hydrationPlan(opts.all ? 'all' : 'working-set');
+    } finally {
+      await view.close();
+    }
+    // CACHE requests of at most 4 MiB: the server warms each one piece at a time, so requests
+    // in flight are what makes its GETs parallel.
+    const PIECE = 4 * 1024 * 1024;
+    const pieces: { offset: number; length: number }[] = [];
+    for (const r of ranges) for (let o = r.offset; o < r.offset + r.length; o += PIECE) pieces.push({ offset: o, length: Math.min(PIECE, r.offset + r.length - o) });
+    const total = pieces.reduce((n, p) => n + p.length, 0);
+    const progress = new Progress(name, total, opts.json || !process.stderr.isTTY);
+    const addr: ListenAddress = opts.socket ? { path: opts.socket } : parseListen(opts.listen);
+    const client = await NbdClient.connect(addr, name);
+    try {
+      progress.start();
+      let next = 0;
+      await Promise.all(Array.from({ length: Math.min(opts.concurrency, pieces.length) }, async () => {
+        while (next < pieces.length) {
+          const p = pieces[next++]!;
+          await client.cache(p.offset, p.length);
+          progress.add(p.length);
+        }
+      }));
+      progress.finish();
+    } finally {
+      progress.stop();
+      await client.close();
+    }
+  });
+
+/**
+ * Progress of `baton prefetch` on stderr: a bar redrawn in place with \r on a terminal (bytes,
+ * rate, ETA), or a JSON line per second and one at the end.
+ */
+class Progress {
+  private done = 0;
+  private t0 = 0;
+  private timer: NodeJS.Timeout | null = null;
+  constructor(private readonly volume: string, private readonly total: number, private readonly json: boolean) {}
+
+  start(): void {
+    this.t0 = performance.now();
+    this.timer = setInterval(() => this.draw(false), this.json ? 1000 : 200);
+    this.draw(false);
+  }
+
+  add(n: number): void { this.done += n; }
+
+  finish(): void { this.draw(true); }
+
+  stop(): void { if (this.timer) clearInterval(this.timer); this.timer = null; }
+
+  private draw(last: boolean): void {
+    const ms = performance.now() - this.t0;
+    const rate = ms > 0 ? this.done / (ms / 1000) : 0;
+    const eta = rate > 0 ? (this.total - this.done) / rate : null;
+    if (this.json) {
+      process.stderr.write(JSON.stringify({ volume: this.volume, doneBytes: this.done, totalBytes: this.total, bytesPerSecond: Math.round(rate), etaSeconds: eta === null ? null : Math.round(eta * 10) / 10, elapsedMs: Math.round(ms), done: last }) + '\n');
+      return;
+    }
+    const frac = this.total > 0 ? this.done / this.total : 1;
+    const width = 30;
+    const filled = Math.round(frac * width);
+    const bar = '#'.repeat(filled) + '.'.repeat(width - filled);
+    const etaText = last ? `in ${(ms / 1000).toFixed(1)}s` : eta === null ? 'ETA -' : `ETA ${Math.ceil(eta)}s`;
+    process.stderr.write(`\r${this.volume} [${bar}] ${(frac * 100).toFixed(0).padStart(3)}% ${formatSize(this.done)}/${formatSize(this.total)} ${formatSize(Math.round(rate))}/s ${etaText}\x1b[K${last ? '\n' : ''}`);
+  }
+}
+
+/** `baton status`'s HYDRATION column: "done 212M (working-set)", "running 85M/212M", "-". */
+function hydrationText(h: { mode: string; state: string; fetchedBytes: number; plannedBytes: number; planned: boolean } | undefined): string {
+  if (!h) return '-';
+  if (h.state === 'done') return `done ${formatSize(h.fetchedBytes)} (${h.mode})`;
+  if (h.state === 'stopped') return `stopped at ${formatSize(h.fetchedBytes)}`;
+  return `${h.state} ${formatSize(h.fetchedBytes)}/${h.planned ? '' : '≥'}${formatSize(h.plannedBytes)} (${h.mode})`;
+}
+
 withLease(withStore(program.command('status')
-  .description('show who serves each volume: holder, lease token, TTL left, dirty bytes, last flush')))
+  .description('show who serves each volume: holder, lease token, TTL left, dirty bytes, last flush, hydration')))
   .option('--json', 'print JSON')
   .addHelpText('after', '\nExamples:\n  $ baton status --redis redis://127.0.0.1:6379\n  $ baton status --json')
   .action(async (opts: StoreFlags & LeaseFlags & { json?: boolean }) => {
@@ -487,9 +611,9 @@ withLease(withStore(program.command('status')
       const all = await leases.list();
       if (opts.json) { printJson(all); return; }
       if (all.length === 0) { process.stdout.write('no volume is being served\n'); return; }
-      printTable([['VOLUME', 'HOLDER', 'TOKEN', 'TTL', 'DIRTY', 'LAST FLUSH', 'ADDRESS'], ...all.map((l) => [
+      printTable([['VOLUME', 'HOLDER', 'TOKEN', 'TTL', 'DIRTY', 'LAST FLUSH', 'HYDRATION', 'ADDRESS'], ...all.map((l) => [
         l.volume, l.holder || (l.reservedFor ? `(reserved for ${l.reservedFor})` : '-'), String(l.token), `${(l.ttlMs / 1000).toFixed(1)}s`,
-        l.status ? formatSize(l.status.dirtyBytes) : '-', l.status?.lastFlushAt ?? '-', l.status?.address ?? '-',
+        l.status ? formatSize(l.status.dirtyBytes) : '-', l.status?.lastFlushAt ?? '-', hydrationText(l.status?.hydration), l.status?.address ?? '-',
       ])]);
     } finally {
       await leases.close();
@@ -503,7 +627,7 @@ withLease(withStore(program.command('status')
  * wakes the loop every 10 ms, which an idle server should not pay for unasked, and a line a
  * minute from an idle server is noise; turn it on to see why a lease renewal came late.
  */
-function logProcessStats(intervalMs: number, log: Logger): void {
+function logProcessStats(intervalMs: number, log: Logger, cacheStats: () => CacheStats | undefined): void {
   const resolutionMs = 10;
   // One histogram per interval (reset after each line) and one since start: percentiles of
   // a whole run cannot be computed from per-interval ones.
@@ -525,6 +649,9 @@ function logProcessStats(intervalMs: number, log: Logger): void {
       eldP50Ms: ms(eld.percentile(50)), eldP99Ms: ms(eld.percentile(99)), eldMaxMs: ms(eld.max), eldMeanMs: ms(eld.mean),
       eldP99SinceStartMs: ms(total.percentile(99)), eldMaxSinceStartMs: ms(total.max),
       cpuPct: Math.round(((c.user + c.system) / 1000 / (now - at)) * 1000) / 10, intervalMs: Math.round(now - at),
+      // The read cache since start: hits and misses in blocks, ranged GETs (reads', readahead's
+      // and hydration's) and their bytes.
+      ...(cacheStats() ? { cache: { ...cacheStats() } } : {}),
     }, 'process stats');
     eld.reset();
     cpu = process.cpuUsage();

@@ -336,6 +336,20 @@ export class BlockCache {
     return bytes;
   }
 
+  /**
+   * Bytes of [offset, offset+length) of object `key` in blocks that are neither cached nor
+   * being fetched (what a prefetch of that range would fetch now). Hydration plans with it.
+   */
+  missingBytes(key: string, objectSize: number, offset: number, length: number): number {
+    const end = Math.min(offset + length, objectSize);
+    if (end <= offset) return 0;
+    let n = 0;
+    for (let b = Math.floor(offset / CACHE_BLOCK), last = Math.floor((end - 1) / CACHE_BLOCK); b <= last; b++) {
+      if (this.missing(key, b)) n += Math.min((b + 1) * CACHE_BLOCK, objectSize) - b * CACHE_BLOCK;
+    }
+    return n;
+  }
+
   /** Block `block` of `key` is neither cached nor being fetched. */
   private missing(key: string, block: number): boolean {
     const id = BlockCache.id(key, block);

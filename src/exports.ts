@@ -61,6 +61,7 @@ import { LeaseHeldError, NotFoundError, ShutdownError, errorMessage } from './er
 import type { Lease, LeaseManager } from './lease/lease.js';
 import type { Logger } from './log.js';
 import { formatSize } from './size.js';
+import type { HydrateOptions } from './volume/hydrate.js';
 import { StaleTokenError, type Volume } from './volume/volume.js';
 import { checkExportName, isSnapshotName, type OpenVolume, type VolumeCatalog } from './volumes.js';
 
@@ -84,6 +85,13 @@ export interface VolumeExportsOptions {
   lease?: LeaseConfig;
   /** The clock and timers of the idle grace, the handoff wait and the status updates (src/clock.ts); the real ones by default. */
   world?: World;
+  /**
+   * Background hydration of every volume this host opens (src/volume/hydrate.ts; `serve
+   * --hydrate`): started once the volume is recovered, and, when the volume is held by another
+   * host that this one waits for or asks to hand it over, already while waiting (from the
+   * newest checkpoint, catalog.prehydrate). Off when absent.
+   */
+  hydrate?: HydrateOptions;
 }
 
 export type ServedState = 'opening' | 'serving' | 'draining' | 'closed' | 'fenced';
@@ -129,6 +137,8 @@ class Served {
   opening: Promise<void> = Promise.resolve();
   /** The exit routine, while draining. */
   exit: Promise<void> | null = null;
+  /** Hydration from the newest checkpoint while waiting for another host's lease (stopped once the volume hydrates itself). */
+  prehydration: { stop(): void } | null = null;
   idleTimer: TimerHandle | null = null;
   statusTimer: TimerHandle | null = null;
   /** Resolves when serving; rejects (with what the waiting clients are told) if it left before. */
@@ -303,7 +313,7 @@ export class VolumeExports implements ExportProvider {
   private startOpening(name: string): Served {
     const s = new Served(name);
     this.volumes.set(name, s);
-    s.opening = this.openServed(s).then(
+    s.opening = this.openServed(s).finally(() => this.stopPrehydration(s)).then(
       () => { if (s.state === 'opening') this.startServing(s); },
       (err: unknown) => { if (s.state === 'opening') this.beginExit(s, { kind: 'failed', err }); },
     );
@@ -385,10 +395,11 @@ export class VolumeExports implements ExportProvider {
       s.ov = await this.catalog.open(name, { readOnly });
       this.watchVolume(s);
       this.stillOpening(s);
+      this.startHydration(s);
       s.complete = true;
       return;
     }
-    s.lease = await this.acquire(name, lc, 0);
+    s.lease = await this.acquire(name, lc, 0, s);
     // Watched from here on: a handoff or lost lease during the (maybe long) recovery acts at once.
     this.watchLease(s, s.lease);
     this.stillOpening(s);
@@ -407,7 +418,7 @@ export class VolumeExports implements ExportProvider {
         s.lease = null;
         await old.release();
         this.stillOpening(s);
-        s.lease = await this.acquire(name, lc, err.minToken);
+        s.lease = await this.acquire(name, lc, err.minToken, s);
         this.watchLease(s, s.lease);
         this.stillOpening(s);
         await vol.takeover(s.lease.token);
@@ -416,6 +427,10 @@ export class VolumeExports implements ExportProvider {
       const held = s.lease;
       vol.setWriteDeadline(() => held.validUntil());
     }
+    // Hydrate once the takeover record is in (its put then has the store to itself; the
+    // hydration from before the lease was ours, if any, runs until here). Reads only, of
+    // immutable objects; close() and a fence stop it.
+    this.startHydration(s);
     s.complete = true;
   }
 
@@ -441,17 +456,43 @@ export class VolumeExports implements ExportProvider {
     });
   }
 
-  private async acquire(name: string, lc: LeaseConfig, minToken: number): Promise<Lease> {
+  /**
+   * The lease, by the --on-held policy. When it is held and we wait for it (`wait`, or
+   * `takeover` after asking for a handoff), the volume starts hydrating from its newest
+   * checkpoint meanwhile (prehydrate): the holder is flushing and closing, and the guest's
+   * first reads here need not wait for a cold cache after it let go.
+   */
+  private async acquire(name: string, lc: LeaseConfig, minToken: number, s?: Served): Promise<Lease> {
     const base = minToken > 0 ? { minToken } : {};
-    if (lc.onHeld === 'wait') return lc.manager.acquire(name, lc.hostId, { ...base, waitMs: lc.waitMs });
     try {
       return await lc.manager.acquire(name, lc.hostId, base);
     } catch (err) {
-      if (!(err instanceof LeaseHeldError) || lc.onHeld !== 'takeover') throw err;
-      this.opts.log.info({ volume: name, err: errorMessage(err) }, 'volume held elsewhere; asking for a handoff');
-      await lc.manager.requestHandoff(name, lc.hostId);
-      return lc.manager.acquire(name, lc.hostId, { ...base, waitMs: lc.waitMs });
+      if (!(err instanceof LeaseHeldError) || lc.onHeld === 'refuse') throw err;
     }
+    if (s) this.startPrehydration(s);
+    if (lc.onHeld === 'takeover') {
+      this.opts.log.info({ volume: name }, 'volume held elsewhere; asking for a handoff');
+      await lc.manager.requestHandoff(name, lc.hostId);
+    }
+    return lc.manager.acquire(name, lc.hostId, { ...base, waitMs: lc.waitMs });
+  }
+
+  private startPrehydration(s: Served): void {
+    const h = this.opts.hydrate;
+    if (!h || h.mode === 'off' || s.prehydration || !this.catalog.prehydrate) return;
+    s.prehydration = this.catalog.prehydrate(s.name, h);
+  }
+
+  private stopPrehydration(s: Served): void {
+    s.prehydration?.stop();
+    s.prehydration = null;
+  }
+
+  /** The opened volume hydrates itself (replacing any hydration from before the lease was ours). */
+  private startHydration(s: Served): void {
+    this.stopPrehydration(s);
+    const h = this.opts.hydrate;
+    if (h) s.volume?.startHydration(h);
   }
 
   // ------------------------------------------------------------------ events
@@ -614,7 +655,12 @@ export class VolumeExports implements ExportProvider {
     if (!lease || !vol || s.statusTimer) return;
     const publish = (): void => {
       const st = vol.stats();
-      lease.setStatus({ dirtyBytes: st.dirtyBytes + st.sealedBytes, lastFlushAt: st.lastFlushAt, lastCommitSeq: st.lastCommitSeq, ...(this.opts.lease?.address ? { address: this.opts.lease.address } : {}) });
+      const h = st.hydration;
+      lease.setStatus({
+        dirtyBytes: st.dirtyBytes + st.sealedBytes, lastFlushAt: st.lastFlushAt, lastCommitSeq: st.lastCommitSeq,
+        ...(this.opts.lease?.address ? { address: this.opts.lease.address } : {}),
+        ...(h ? { hydration: { mode: h.mode, state: h.state, fetchedBytes: h.fetchedBytes, plannedBytes: h.plannedBytes, planned: h.planned } } : {}),
+      });
     };
     // Every second while serving: a timer re-armed after each update (stopTimers cancels the pending one).
     const tick = (): void => {

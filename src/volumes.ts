@@ -16,6 +16,7 @@ import type { BlockBackend } from '../nbd/backend.js';
 import { FileBackend } from './backends/file.js';
 import { MemoryBackend } from './backends/memory.js';
 import { AlreadyExistsError, InvalidArgumentError, NotFoundError, ReadOnlyError } from './errors.js';
+import type { HydrateOptions } from './volume/hydrate.js';
 import type { Volume } from './volume/volume.js';
 
 export interface VolumeInfo {
@@ -72,6 +73,13 @@ export interface VolumeCatalog {
   /** Removes the volume; says whether its stored data had to stay for relatives (forks). */
   remove(name: string): Promise<RemoveResult>;
   open(name: string, options: { readOnly: boolean }): Promise<OpenVolume>;
+  /**
+   * Object-store catalogs: start fetching the volume's working set from its newest checkpoint
+   * into the read cache, without opening it for serving (no lease, reads only): what a host
+   * does while it waits for another host to hand the volume over. Best effort, in the
+   * background; stop() ends it (the served volume's own hydration then takes over).
+   */
+  prehydrate?(name: string, options: HydrateOptions): { stop(): void };
 }
 
 const NAME_RE = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;

@@ -28,6 +28,18 @@ export interface LeaseStatus {
   lastCommitSeq: number;
   /** Where the holder serves NBD, for humans. */
   address?: string;
+  /** The volume's background hydration on the holder (src/volume/hydrate.ts), if one was started. */
+  hydration?: HydrationSummary;
+}
+
+/** What `baton status` shows of a hydration. */
+export interface HydrationSummary {
+  mode: string;
+  state: string;
+  /** Bytes fetched so far, of `plannedBytes` (final once `planned`). */
+  fetchedBytes: number;
+  plannedBytes: number;
+  planned: boolean;
 }
 
 export interface AcquireOptions {

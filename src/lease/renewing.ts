@@ -99,6 +99,10 @@ export function parseStatus(v: unknown): LeaseStatus | undefined {
     lastCommitSeq: o.lastCommitSeq,
   };
   if (typeof o.address === 'string') s.address = o.address;
+  const h = o.hydration as Record<string, unknown> | undefined;
+  if (h && typeof h === 'object' && typeof h.mode === 'string' && typeof h.state === 'string' && typeof h.fetchedBytes === 'number' && typeof h.plannedBytes === 'number') {
+    s.hydration = { mode: h.mode, state: h.state, fetchedBytes: h.fetchedBytes, plannedBytes: h.plannedBytes, planned: h.planned === true };
+  }
   return s;
 }
 

@@ -16,6 +16,7 @@ import { listAll, type ObjectStore } from '../store/object-store.js';
 import { checkExportName, checkVolumeName, checkVolumeSize, type OpenVolume, type RemoveResult, type VolumeCatalog, type VolumeInfo } from '../volumes.js';
 import { decodeVolumeRecord, encodeVolumeRecord, keys, maxOperationMs, seqFromKey, timeBounds, type VolumeRecord } from './format.js';
 import { GC_STATE_KEY, decodeGcState } from './gc-state.js';
+import type { HydrateOptions } from './hydrate.js';
 import { mapLimit, Volume, type VolumeOptions } from './volume.js';
 
 export interface StoreCatalogOptions {
@@ -665,6 +666,35 @@ export class StoreCatalog implements VolumeCatalog {
   }
 
   get logger(): Logger { return this.opts.log; }
+
+  /**
+   * VolumeCatalog.prehydrate: a read-only view of the volume (its newest checkpoint and the log
+   * after it, as any reader may load it while another host writes) hydrates the read cache.
+   * Safe whoever writes the volume meanwhile: it only reads immutable objects into a cache
+   * keyed by them, and it never serves a byte; an object garbage collection deleted meanwhile
+   * is a failed prefetch, nothing more.
+   */
+  prehydrate(name: string, options: HydrateOptions): { stop(): void } {
+    let stopped = false;
+    let view: Volume | null = null;
+    const run = async (): Promise<void> => {
+      const rec = await this.record(name);
+      if (stopped) return;
+      view = await this.openView(rec);
+      if (stopped) return;
+      this.opts.log.info({ volume: name }, 'hydrating from the newest checkpoint while the volume is handed over');
+      await view.startHydration(options)?.done;
+    };
+    void run().catch((err: unknown) => {
+      this.opts.log.info({ volume: name, err: errorMessage(err) }, 'hydration ahead of the handoff failed; the served volume hydrates once it is open');
+    }).finally(() => { void view?.close(); });
+    return {
+      stop: () => {
+        stopped = true;
+        void (view as Volume | null)?.close();
+      },
+    };
+  }
 
   async open(name: string, options: { readOnly: boolean }): Promise<OpenVolume> {
     const rec = await this.record(name);

@@ -10,7 +10,8 @@
  *   vol/<id>/log/<seq:20>              log record: header (JSON) + inline data. Create-only at the
  *                                      next sequence number: the commit point of a flush.
  *   vol/<id>/seg/<seq:20>-<nonce>-<n>  data segment uploaded before the log record that references it.
- *   vol/<id>/checkpoint/<seq:20>       the whole extent map as of log record <seq> (binary, v3;
+ *   vol/<id>/checkpoint/<seq:20>       the whole extent map as of log record <seq>, and the writer's
+ *                                      working set (binary, v4; v3 without the working set, and
  *                                      JSON in v1/v2, still read).
  *
  * A flush whose data fits one segment is ONE put: the log record carries the data inline,
@@ -195,20 +196,31 @@ export interface Checkpoint {
 }
 
 /**
- * Checkpoint v3, binary, so that a map of millions of extents is written and read a chunk at
+ * Checkpoint v3/v4, binary, so that a map of millions of extents is written and read a chunk at
  * a time (the event loop serves other volumes in between) and never becomes one string (V8's
  * string limit is about 512 MiB; JSON of 10M extents was near it):
  *
- *   "BATONCP3" | u32 BE header length | header JSON (CheckpointHeader)
+ *   "BATONCP4" | u32 BE header length | header JSON (CheckpointHeader)
  *   | objects: per object u16 LE key length, the key (UTF-8), f64 LE size
  *   | extents: per extent 24 bytes: f64 LE offset, u32 LE length, i32 LE source (object index,
- *     SRC_HOLE or SRC_ZERO), f64 LE offset in the object; in volume order, not overlapping.
+ *     SRC_HOLE or SRC_ZERO), f64 LE offset in the object; in volume order, not overlapping
+ *   | v4 only: the working set, per entry u32 LE chunk index (volume offset / chunkBytes),
+ *     most recently used first (header `workingSet`: chunkBytes and the entry count).
+ *
+ * v3 ("BATONCP3", header v 3) is the same without the working set; both are read. The working
+ * set is a hint (what the writer read and wrote lately, src/volume/working-set.ts): a new host
+ * fetches those parts of the volume first (src/volume/hydrate.ts). It rides in the checkpoint
+ * so that it costs no request of its own and garbage collection's reference set and argument
+ * (gc.ts) are unchanged: it names volume offsets, never objects.
  */
-export const CHECKPOINT_MAGIC = Buffer.from('BATONCP3');
+export const CHECKPOINT_MAGIC_V3 = Buffer.from('BATONCP3');
+export const CHECKPOINT_MAGIC = Buffer.from('BATONCP4');
 export const CHECKPOINT_EXTENT_BYTES = 24;
+/** Bytes per working-set entry in a v4 checkpoint. */
+export const WORKING_SET_ENTRY_BYTES = 4;
 
 export interface CheckpointHeader {
-  v: 3;
+  v: 3 | 4;
   volumeId: string;
   seq: number;
   token: number;
@@ -216,17 +228,27 @@ export interface CheckpointHeader {
   time: string;
   objects: number;
   extents: number;
+  /** v4: the working set section that follows the extents. */
+  workingSet?: { chunkBytes: number; entries: number };
+}
+
+/** A working set as a checkpoint carries it: chunk indices (offset / chunkBytes), most recently used first. */
+export interface WorkingSetData {
+  chunkBytes: number;
+  chunks: number[];
 }
 
 /** A decoded checkpoint of any version: its header, objects, and its extents read a chunk at a time. */
 export interface CheckpointData {
-  v: 1 | 2 | 3;
+  v: 1 | 2 | 3 | 4;
   volumeId: string;
   seq: number;
   token: number;
   lastId?: string;
   objects: [string, number][];
   extentCount: number;
+  /** v4: the writer's working set when it wrote the checkpoint (absent in older versions). */
+  workingSet?: WorkingSetData;
   /**
    * Call fn for every extent in order, awaiting `pause` after every `chunk` of them, or
    * earlier when `due` (asked every 256 extents) says the chunk has taken long enough (so a
@@ -246,7 +268,8 @@ export const CHECKPOINT_CHUNK = 4_000;
 export const CHUNK_MS = 5;
 
 export function decodeCheckpoint(b: Buffer, key: string): CheckpointData {
-  if (b.length >= 12 && b.subarray(0, 8).equals(CHECKPOINT_MAGIC)) return decodeCheckpointV3(b, key);
+  if (b.length >= 12 && b.subarray(0, 8).equals(CHECKPOINT_MAGIC)) return decodeCheckpointBinary(b, key, 4);
+  if (b.length >= 12 && b.subarray(0, 8).equals(CHECKPOINT_MAGIC_V3)) return decodeCheckpointBinary(b, key, 3);
   let c: Checkpoint;
   try { c = JSON.parse(b.toString('utf8')) as Checkpoint; } catch { throw new CorruptError(`${key}: checkpoint is not JSON`); }
   if ((c.v !== 1 && c.v !== 2) || !Array.isArray(c.extents) || !Array.isArray(c.objects)) throw new CorruptError(`${key}: unsupported checkpoint version`);
@@ -269,12 +292,23 @@ function checkCheckpointExtent(key: string, volumeSize: number, objects: number,
   if (src !== SRC_HOLE && src !== SRC_ZERO && !(src >= 0 && src < objects)) throw new CorruptError(`${key}: checkpoint extent names object ${src} of ${objects}`);
 }
 
-function decodeCheckpointV3(b: Buffer, key: string): CheckpointData {
+/** A working-set chunk size a checkpoint may name: a power of two from 4 KiB to 1 GiB. */
+function validChunkBytes(n: unknown): n is number {
+  return typeof n === 'number' && Number.isSafeInteger(n) && n >= 4096 && n <= 2 ** 30 && (n & (n - 1)) === 0;
+}
+
+function decodeCheckpointBinary(b: Buffer, key: string, version: 3 | 4): CheckpointData {
   const hlen = b.readUInt32BE(8);
   if (12 + hlen > b.length) throw new CorruptError(`${key}: checkpoint header runs past the end`);
   let h: CheckpointHeader;
   try { h = JSON.parse(b.subarray(12, 12 + hlen).toString('utf8')) as CheckpointHeader; } catch { throw new CorruptError(`${key}: checkpoint header is not JSON`); }
-  if (h.v !== 3 || !Number.isSafeInteger(h.objects) || !Number.isSafeInteger(h.extents) || h.objects < 0 || h.extents < 0) throw new CorruptError(`${key}: unsupported checkpoint header`);
+  if (h.v !== version || !Number.isSafeInteger(h.objects) || !Number.isSafeInteger(h.extents) || h.objects < 0 || h.extents < 0) throw new CorruptError(`${key}: unsupported checkpoint header`);
+  let wsEntries = 0;
+  if (version === 4) {
+    const ws = h.workingSet;
+    if (!ws || !validChunkBytes(ws.chunkBytes) || !Number.isSafeInteger(ws.entries) || ws.entries < 0) throw new CorruptError(`${key}: checkpoint working set header is invalid`);
+    wsEntries = ws.entries;
+  }
   // The object table is small (one entry per object, not per extent): read at once.
   const objects: [string, number][] = [];
   let pos = 12 + hlen;
@@ -286,9 +320,18 @@ function decodeCheckpointV3(b: Buffer, key: string): CheckpointData {
     pos += 2 + klen + 8;
   }
   const extentsAt = pos;
-  if (extentsAt + h.extents * CHECKPOINT_EXTENT_BYTES !== b.length) throw new CorruptError(`${key}: checkpoint is ${b.length} bytes, its header says ${extentsAt + h.extents * CHECKPOINT_EXTENT_BYTES}`);
+  const wsAt = extentsAt + h.extents * CHECKPOINT_EXTENT_BYTES;
+  const total = wsAt + wsEntries * WORKING_SET_ENTRY_BYTES;
+  if (total !== b.length) throw new CorruptError(`${key}: checkpoint is ${b.length} bytes, its header says ${total}`);
+  let workingSet: WorkingSetData | undefined;
+  if (version === 4) {
+    const chunks = new Array<number>(wsEntries);
+    for (let i = 0; i < wsEntries; i++) chunks[i] = b.readUInt32LE(wsAt + i * WORKING_SET_ENTRY_BYTES);
+    workingSet = { chunkBytes: h.workingSet!.chunkBytes, chunks };
+  }
   return {
-    v: 3, volumeId: h.volumeId, seq: h.seq, token: h.token, ...(h.lastId !== undefined ? { lastId: h.lastId } : {}), objects, extentCount: h.extents,
+    v: version, volumeId: h.volumeId, seq: h.seq, token: h.token, ...(h.lastId !== undefined ? { lastId: h.lastId } : {}), objects, extentCount: h.extents,
+    ...(workingSet ? { workingSet } : {}),
     forEachExtent: async (volumeSize, fn, pause, chunk = CHECKPOINT_CHUNK, due) => {
       let prevEnd = 0;
       let since = 0;
@@ -309,16 +352,22 @@ function decodeCheckpointV3(b: Buffer, key: string): CheckpointData {
 }
 
 /**
- * Encode a v3 checkpoint from a source that can walk the map twice (the first walk finds the
+ * Encode a checkpoint from a source that can walk the map twice (the first walk finds the
  * objects and sizes the buffer, the second writes the extents), pausing after every chunk.
  * `walk` calls its callback for every extent in volume order with the object key (or null
- * for zeroes, `src` then SRC_HOLE or SRC_ZERO) and the object's size.
+ * for zeroes, `src` then SRC_HOLE or SRC_ZERO) and the object's size. With a working set the
+ * checkpoint is v4, without one v3.
  */
 export async function encodeCheckpoint(
-  header: Omit<CheckpointHeader, 'v' | 'objects' | 'extents'>,
+  header: Omit<CheckpointHeader, 'v' | 'objects' | 'extents' | 'workingSet'>,
   walk: (fn: (offset: number, length: number, key: string | null, src: number, srcOff: number, objectSize: number) => void, pause: () => Promise<void>) => Promise<void>,
   pause: () => Promise<void>,
+  workingSet?: WorkingSetData,
 ): Promise<Buffer> {
+  if (workingSet) {
+    if (!validChunkBytes(workingSet.chunkBytes)) throw new RangeError(`working set chunk size ${workingSet.chunkBytes} is not a power of two from 4 KiB to 1 GiB`);
+    for (const c of workingSet.chunks) if (!(Number.isInteger(c) && c >= 0 && c <= 0xffffffff)) throw new RangeError(`working set chunk ${c} does not fit in 32 bits`);
+  }
   const index = new Map<string, number>();
   const sizes: number[] = [];
   let extents = 0;
@@ -331,11 +380,14 @@ export async function encodeCheckpoint(
       tableBytes += 2 + Buffer.byteLength(key) + 8;
     }
   }, pause);
-  const h: CheckpointHeader = { v: 3, ...header, objects: index.size, extents };
+  const h: CheckpointHeader = workingSet
+    ? { v: 4, ...header, objects: index.size, extents, workingSet: { chunkBytes: workingSet.chunkBytes, entries: workingSet.chunks.length } }
+    : { v: 3, ...header, objects: index.size, extents };
   const hjson = Buffer.from(JSON.stringify(h));
   const extentsAt = 12 + hjson.length + tableBytes;
-  const out = Buffer.allocUnsafe(extentsAt + extents * CHECKPOINT_EXTENT_BYTES);
-  CHECKPOINT_MAGIC.copy(out, 0);
+  const wsAt = extentsAt + extents * CHECKPOINT_EXTENT_BYTES;
+  const out = Buffer.allocUnsafe(wsAt + (workingSet ? workingSet.chunks.length * WORKING_SET_ENTRY_BYTES : 0));
+  (workingSet ? CHECKPOINT_MAGIC : CHECKPOINT_MAGIC_V3).copy(out, 0);
   out.writeUInt32BE(hjson.length, 8);
   hjson.copy(out, 12);
   let pos = 12 + hjson.length;
@@ -359,6 +411,7 @@ export async function encodeCheckpoint(
     n++;
   }, pause);
   if (n !== extents) throw new Error(`checkpoint: the walks disagree (${extents} then ${n} extents)`);
+  if (workingSet) workingSet.chunks.forEach((c, k) => out.writeUInt32LE(c, wsAt + k * WORKING_SET_ENTRY_BYTES));
   return out;
 }
 

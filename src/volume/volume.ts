@@ -38,12 +38,14 @@ import type { BlockCache } from '../cache.js';
 import { BatonError, CorruptError, FencedError, LeaseLostError, NotFoundError, PreconditionFailedError, ReadOnlyError, ShutdownError, errorMessage } from '../errors.js';
 import { randomId, systemWorld, type TimerHandle, type World } from '../clock.js';
 import type { Logger } from '../log.js';
+import { Hydration, type HydrateOptions, type HydrationStatus, type ObjectPiece } from './hydrate.js';
+import { WorkingSet } from './working-set.js';
 import { PUT_ID_META } from '../store/decorators.js';
 import { listAll, type LocalObjects, type ObjectStore } from '../store/object-store.js';
 import {
   CHECKPOINT_CHUNK, CHUNK_MS, SRC_HOLE, SRC_INLINE, SRC_ZERO, decodeCheckpoint, decodeLogHeader, decodeVolumeRecord, encodeCheckpoint, encodeLogRecord, fenceAfter, followsChain, keys,
   logHeaderLength, maxOperationMs, recordCounts, seqFromKey, timeBounds,
-  type CheckpointData, type LogHeader, type RecordExtent, type VolumeRecord,
+  type CheckpointData, type LogHeader, type RecordExtent, type VolumeRecord, type WorkingSetData,
 } from './format.js';
 
 /** The lease token is not above the highest one in the log: re-acquire with `minToken`. */
@@ -184,6 +186,10 @@ export interface VolumeStats {
   /** Extents in the write buffer (dirty and sealed layers). */
   bufferedExtents: number;
   fenced: boolean;
+  /** Chunks in the working set (working-set.ts). */
+  workingSetChunks: number;
+  /** The background hydration started at open (hydrate.ts), if any. */
+  hydration: HydrationStatus | null;
 }
 
 export interface CompactionResult {
@@ -215,6 +221,18 @@ const PREFETCH_WINDOW = 128 * 1024 * 1024;
 const PREFETCH_STEP = 8 * 1024 * 1024;
 const PREFETCH_IN_FLIGHT = 16;
 const PREFETCH_STREAMS = 8;
+/**
+ * A checkpoint also follows this many new working-set chunks (64 MiB of volume) once at least
+ * WS_CHECKPOINT_RECORDS records were committed since the last one (instead of checkpointEvery;
+ * maybeCheckpoint): the working set a host that crashes leaves to the next is then at most
+ * about that much behind. (The log after the checkpoint adds what was written since; what was
+ * only read since is what a crash loses.) In the background, like every checkpoint: a flush
+ * never waits for it.
+ */
+const WS_CHECKPOINT_CHUNKS = 256;
+const WS_CHECKPOINT_RECORDS = 8;
+/** Hydration of a whole volume (`all`) walks it this much at a time, after the working set. */
+const HYDRATE_ALL_WINDOW = 16 * 1024 * 1024;
 
 export class Volume implements BlockBackend {
   readonly size: number;
@@ -275,6 +293,14 @@ export class Volume implements BlockBackend {
   private readonly readEnds = new Map<number, number>();
   private commits = 0;
   private lastFlushAt: string | null = null;
+  /**
+   * What this volume's clients read and wrote lately (working-set.ts): loaded from the
+   * checkpoint recovery started from (an ancestor's for a fork that has none), plus the data
+   * the log after it wrote; written into every checkpoint; what the next host hydrates.
+   */
+  private workingSet = new WorkingSet();
+  /** The background fetch of the working set started at open (startHydration), if any. */
+  private hydration: Hydration | null = null;
 
   private readonly segmentBytes: number;
   private readonly softLimit: number;
@@ -363,9 +389,12 @@ export class Volume implements BlockBackend {
     this.committed = newCommittedMap();
     this.highestTokenSeen = 0;
     this.lastRecordId = '';
+    this.workingSet = new WorkingSet();
     if (this.record.parent) {
-      // A fork that has not written its own checkpoint yet: start from the parent's state.
-      this.committed = await this.ancestorMap(this.record.parent.id, this.record.parent.seq, 1);
+      // A fork that has not written its own checkpoint yet: start from the parent's state,
+      // and from the parent's working set at the fork point (a fork's first attach hydrates
+      // what the parent was working on).
+      ({ map: this.committed, ws: this.workingSet } = await this.ancestorMap(this.record.parent.id, this.record.parent.seq, 1));
       base = `parent ${this.record.parent.id}@${this.record.parent.seq}`;
     }
     this.lastCheckpointSeq = fromSeq;
@@ -391,14 +420,16 @@ export class Volume implements BlockBackend {
     this.highestTokenSeen = c.token;
     this.lastRecordId = c.lastId;
     this.nextSeq = c.seq + 1;
+    this.workingSet = workingSetOf(c, this.size);
   }
 
   /**
    * The map of ancestor `id` as of its log record `seq`: its newest usable checkpoint at or
    * below `seq` (or its own parent's state) plus its log up to `seq`, under the same token
-   * and chain rules as our own log, starting from the ancestor checkpoint's fence.
+   * and chain rules as our own log, starting from the ancestor checkpoint's fence. With it the
+   * working set as of `seq`: that checkpoint's, plus what the log up to `seq` wrote.
    */
-  private async ancestorMap(id: string, seq: number, depth: number): Promise<PackedExtentMap<Loc>> {
+  private async ancestorMap(id: string, seq: number, depth: number): Promise<{ map: PackedExtentMap<Loc>; ws: WorkingSet }> {
     if (depth > 10_000) throw new CorruptError(`volume ${this.name}: ancestry deeper than 10000 (a cycle?)`);
     // endAt: an ancestor's later checkpoints and records are not wanted (GC's record of what
     // this recovery read then does not change when the ancestor is written: gc.ts).
@@ -407,18 +438,19 @@ export class Volume implements BlockBackend {
       const c = await this.readCheckpoint(cp.key);
       if (!c) continue;
       const map = await mapOfCheckpoint(c, this.size, this.world);
+      const ws = workingSetOf(c, this.size);
       try {
-        await this.replayInto(map, id, c.seq, seq, { fence: c.token, lastId: c.lastId });
-        return map;
+        await this.replayInto(map, id, c.seq, seq, { fence: c.token, lastId: c.lastId, ws });
+        return { map, ws };
       } catch (err) {
         if (!(err instanceof ChainBrokenError) || err.seq !== c.seq + 1) throw err;
         this.log.error({ key: cp.key, err: errorMessage(err) }, 'ancestor checkpoint is not followed by its log; trying an older one');
       }
     }
     const meta = await this.readMeta(id);
-    const map = meta.parent ? await this.ancestorMap(meta.parent.id, meta.parent.seq, depth + 1) : newCommittedMap();
-    await this.replayInto(map, id, 0, seq, { fence: 0, lastId: '' });
-    return map;
+    const { map, ws } = meta.parent ? await this.ancestorMap(meta.parent.id, meta.parent.seq, depth + 1) : { map: newCommittedMap(), ws: new WorkingSet() };
+    await this.replayInto(map, id, 0, seq, { fence: 0, lastId: '', ws });
+    return { map, ws };
   }
 
   private async readMeta(id: string): Promise<VolumeRecord> {
@@ -435,9 +467,10 @@ export class Volume implements BlockBackend {
    * Read the records of volume `id` after position `after` (up to `upTo`), check them, then
    * apply the ones that count to `map`. Nothing is applied unless every record checked:
    * contiguous positions, headers that say where they are, and an unbroken chain. Returns
-   * the state after the last record.
+   * the state after the last record. With `ws`, the data each applied record wrote is touched
+   * in it, in log order (the newest writes are the most recent part of the working set).
    */
-  private async replayInto(map: PackedExtentMap<Loc>, id: string, after: number, upTo: number, state: { fence: number; lastId: string | undefined }):
+  private async replayInto(map: PackedExtentMap<Loc>, id: string, after: number, upTo: number, state: { fence: number; lastId: string | undefined; ws?: WorkingSet }):
     Promise<{ seq: number; fence: number; lastId: string | undefined; records: number }> {
     const listed = await listAll(this.store, keys.logPrefix(id), {
       ...(after > 0 ? { startAfter: keys.log(id, after) } : {}),
@@ -463,6 +496,7 @@ export class Volume implements BlockBackend {
       const { header, dataStart } = headers[i]!;
       if (recordCounts(header, fence)) {
         applyRecord(map, this.size, logs[i]!.key, header, dataStart, logs[i]!.size);
+        if (state.ws) for (const [off, len, src] of header.extents) if (src !== SRC_HOLE && src !== SRC_ZERO) state.ws.touch(off, len);
         fence = fenceAfter(header, fence);
       } else {
         this.log.error({ key: logs[i]!.key, token: header.token, fence }, 'ignoring a log record from a fenced writer');
@@ -477,7 +511,7 @@ export class Volume implements BlockBackend {
    * learn what the other writer committed).
    */
   private async replayLog(): Promise<number> {
-    const r = await this.replayInto(this.committed, this.id, this.nextSeq - 1, Infinity, { fence: this.highestTokenSeen, lastId: this.lastRecordId });
+    const r = await this.replayInto(this.committed, this.id, this.nextSeq - 1, Infinity, { fence: this.highestTokenSeen, lastId: this.lastRecordId, ws: this.workingSet });
     this.nextSeq = r.seq + 1;
     this.highestTokenSeen = r.fence;
     this.lastRecordId = r.lastId;
@@ -695,6 +729,7 @@ export class Volume implements BlockBackend {
     this.checkReadable();
     if (this.followsLog) await this.refreshIfStale();
     const out = into ?? Buffer.allocUnsafe(length);
+    this.workingSet.touch(offset, length);
     const streak = this.sequentialStreak(offset, length);
     if (streak >= PREFETCH_STREAK && !this.local) this.prefetchAhead(offset + length);
     const fetches: { key: string; size: number; off: number; len: number; outOff: number }[] = [];
@@ -705,6 +740,16 @@ export class Volume implements BlockBackend {
       else fetches.push({ key: v.key, size: v.size, off: v.off, len: p.length, outOff: p.offset - offset });
     });
     if (fetches.length > 0) {
+      // While hydration runs, what this read needs goes to the front of its queue (the read
+      // itself does not wait for it: its misses are fetched below, at once), and a miss makes
+      // hydration step back for a moment (hydrate.ts).
+      const h = this.hydration;
+      if (h?.isRunning && !this.local) {
+        for (const f of fetches) {
+          if (this.blockCache.missingBytes(f.key, f.size, f.off, f.len) > 0) h.guestMissed();
+          h.promote(f.key, f.off, f.len);
+        }
+      }
       // A local store's objects are read where they lie; others through the block cache,
       // sequential readers with a growing readahead window.
       const local = this.local;
@@ -818,6 +863,7 @@ export class Volume implements BlockBackend {
     // counts exactly that against the connection's in-flight bound. The bytes are not
     // needed, so one buffer serves every piece. A failed piece ends the warm-up (a hint
     // changes nothing a read returns; nothing is retried against a failing store).
+    // `baton prefetch` sends these; through read() they also count in the working set.
     const piece = CACHE_PIECE_BYTES;
     const end = offset + length;
     const buf = Buffer.allocUnsafe(Math.min(length, piece));
@@ -828,6 +874,80 @@ export class Volume implements BlockBackend {
       }
     } catch { /* see above */ }
   }
+
+  /** The committed object pieces of a range that buffered writes do not cover (zeroes need nothing). */
+  private committedPieces(offset: number, length: number, out: ObjectPiece[]): void {
+    this.resolve(offset, length, (p) => {
+      const v = p.value;
+      if (v !== undefined && !isZero(v) && !('buf' in v)) out.push({ key: v.key, size: v.size, off: v.off, len: p.length });
+    });
+  }
+
+  /**
+   * Start fetching the working set (and with `all`, then the rest) into the block cache in the
+   * background (hydrate.ts). The serving layer calls it once the volume is recovered; a
+   * running hydration is replaced. Nothing to do for a local store (its objects are read in
+   * place) or with mode `off`.
+   */
+  startHydration(opts: HydrateOptions): Hydration | null {
+    this.hydration?.stop();
+    this.hydration = null;
+    if (opts.mode === 'off' || this.local || this.closed || this.fencedError) return null;
+    const ws = this.workingSet;
+    const size = this.size;
+    const all = opts.mode === 'all';
+    const workingSetChunks = ws.size;
+    const source = {
+      workingSetChunks,
+      *ranges(): IterableIterator<{ offset: number; length: number }> {
+        yield* ws.ranges(size);
+        if (all) for (let off = 0; off < size; off += HYDRATE_ALL_WINDOW) yield { offset: off, length: Math.min(HYDRATE_ALL_WINDOW, size - off) };
+      },
+      pieces: (offset: number, length: number, out: ObjectPiece[]): void => this.committedPieces(offset, length, out),
+    };
+    // Said at info only when there is something to hydrate (a new volume's first open has nothing).
+    const log = workingSetChunks > 0 || all ? this.log : this.log.child({}, { level: 'warn' });
+    log.info({ mode: opts.mode, workingSetChunks, workingSetBytes: workingSetChunks * ws.chunkBytes }, 'hydration started');
+    this.hydration = new Hydration(source, this.blockCache, this.store, opts, this.world, log);
+    return this.hydration;
+  }
+
+  /**
+   * The ranges of the volume that hold data, in hydration order: the working set's chunks most
+   * recently used first, then with `all` every other chunk in volume order; neighbours merged.
+   * What `baton prefetch` asks a server to warm (NBD CACHE), from a read-only view of the map.
+   */
+  hydrationPlan(mode: 'working-set' | 'all'): { offset: number; length: number }[] {
+    const out: { offset: number; length: number }[] = [];
+    const push = (offset: number, length: number): void => {
+      const last = out[out.length - 1];
+      if (last && last.offset + last.length === offset) last.length += length;
+      else out.push({ offset, length });
+    };
+    const cb = this.workingSet.chunkBytes;
+    const seen = new Set<number>();
+    for (const r of this.workingSet.ranges(this.size)) {
+      seen.add(r.offset / cb);
+      this.resolve(r.offset, r.length, (p) => { if (p.value !== undefined && !isZero(p.value)) push(p.offset, p.length); });
+    }
+    if (mode === 'all') {
+      for (const e of this.committed.entries()) {
+        if (isZero(e.value)) continue;
+        for (let off = e.offset, end = e.offset + e.length; off < end;) {
+          const next = Math.min(end, (Math.floor(off / cb) + 1) * cb);
+          if (!seen.has(Math.floor(off / cb))) push(off, next - off);
+          off = next;
+        }
+      }
+    }
+    return out;
+  }
+
+  /** The working set as a checkpoint would record it now (diagnostics, tests). */
+  workingSetSnapshot(): WorkingSetData { return this.workingSet.snapshot(); }
+
+  /** The running or finished hydration (null: none was started). */
+  get hydrationStatus(): HydrationStatus | null { return this.hydration?.status() ?? null; }
 
   // ------------------------------------------------------------------ writes
 
@@ -864,6 +984,7 @@ export class Volume implements BlockBackend {
     await this.admit();
     this.dirty.set(offset, data.length, { buf: this.copyIn(data) });
     this.dirtyBytes += data.length;
+    this.workingSet.touch(offset, data.length);
     this.afterMutation();
     if (fua) await this.flush();
   }
@@ -890,6 +1011,7 @@ export class Volume implements BlockBackend {
       pos += c.length;
     }
     this.dirtyBytes += length;
+    this.workingSet.touch(offset, length);
     this.afterMutation();
     if (fua) await this.flush();
   }
@@ -1290,6 +1412,7 @@ export class Volume implements BlockBackend {
     if (this.fencedError) return;
     this.fencedError = new FencedError(`${reason}; this host no longer writes it (reattach to serve it again)`);
     this.log.error({ reason }, 'volume fenced: refusing further writes');
+    this.hydration?.stop();
     this.wakeWriters();
     for (const cb of this.fencedListeners.splice(0)) cb(this.fencedError);
   }
@@ -1325,13 +1448,22 @@ export class Volume implements BlockBackend {
    */
   private maybeCheckpoint(force = false): void {
     const since = this.nextSeq - 1 - this.lastCheckpointSeq;
-    if (this.checkpointing || (!force && since < Math.max(this.checkpointEvery, Math.floor(this.committed.size / 256)))) return;
+    // Also once the working set grew by WS_CHECKPOINT_CHUNKS (see there): that lowers only the
+    // floor of checkpointEvery records, never the bound for big maps (a checkpoint of a map of
+    // millions of extents is tens of MiB). A checkpoint goes at a new log position only
+    // (create-only, one per position): hence at least one record.
+    const bigMap = Math.floor(this.committed.size / 256);
+    const wsDue = since >= Math.max(WS_CHECKPOINT_RECORDS, bigMap) && this.workingSet.addedSinceSaved >= WS_CHECKPOINT_CHUNKS;
+    if (this.checkpointing || (!force && !wsDue && since < Math.max(this.checkpointEvery, bigMap))) return;
     const seq = this.nextSeq - 1;
     // The map as of `seq`, frozen now (synchronously, right after the record at `seq` was
     // applied) and encoded a chunk at a time while commits go on changing the live map: a
     // map of millions of extents once held the event loop for seconds here, past lease
     // renewals. The view copies a region only when a commit changes it.
     const view = this.committed.freeze();
+    // The working set as of now, with the map (both taken in this synchronous step).
+    const workingSet = this.workingSet.snapshot();
+    this.workingSet.markSaved();
     const header = {
       volumeId: this.id, seq, token: this.highestTokenSeen, time: this.world.wallTime().toISOString(),
       ...(this.lastRecordId !== undefined ? { lastId: this.lastRecordId } : {}),
@@ -1340,10 +1472,10 @@ export class Volume implements BlockBackend {
     const { pause, due } = slices(this.world);
     // Create-only, like log records: a stale writer can never replace a checkpoint (see
     // "The log is a chain"). A position's checkpoint is only ever written once by its writer.
-    this.checkpointing = encodeCheckpoint(header, (fn, p) => walkCheckpoint(view, fn, p, due), pause)
+    this.checkpointing = encodeCheckpoint(header, (fn, p) => walkCheckpoint(view, fn, p, due), pause, workingSet)
       .finally(() => view.close())
       .then((body) => this.store.put(keys.checkpoint(this.id, seq), body, { ifNoneMatch: true }).then(() => body.length))
-      .then((bytes) => { this.lastCheckpointSeq = Math.max(this.lastCheckpointSeq, seq); this.log.debug({ seq, bytes, extents: view.size, ms: Math.round(this.world.now() - t0) }, 'checkpoint written'); })
+      .then((bytes) => { this.lastCheckpointSeq = Math.max(this.lastCheckpointSeq, seq); this.log.debug({ seq, bytes, extents: view.size, workingSetChunks: workingSet.chunks.length, ms: Math.round(this.world.now() - t0) }, 'checkpoint written'); })
       .catch((err) => {
         if (err instanceof PreconditionFailedError) this.log.error({ seq }, 'a checkpoint for this position already exists (another writer\'s?); not replacing it');
         else this.log.warn({ seq, err: errorMessage(err) }, 'checkpoint failed; recovery replays more log');
@@ -1453,15 +1585,21 @@ export class Volume implements BlockBackend {
       dirtyBytes: this.dirtyBytes, sealedBytes: this.heldBytes - this.dirtyBytes, commits: this.commits,
       lastCommitSeq: this.nextSeq - 1, lastFlushAt: this.lastFlushAt, extents: this.committed.size,
       bufferedExtents: this.sealed.reduce((n, l) => n + l.map.size, this.dirty.size), fenced: this.isFenced,
+      workingSetChunks: this.workingSet.size, hydration: this.hydrationStatus,
     };
   }
 
   /**
    * Flush what is dirty (unless fenced) and stop. A writer leaves a checkpoint behind, so
    * the next host (a handoff, a later attach) recovers with one read instead of replaying
-   * the log since the last one.
+   * the log since the last one, and finds the working set to hydrate in it. A writer under a
+   * lease always has a record of its own (its takeover record), so there is a position for
+   * it, unless a checkpoint was written at the newest position already (a fork's flattening
+   * checkpoint, then no commit): that one stays, with the working set as of then.
    */
   async close(): Promise<void> {
+    // Hydration is for this host's next reads: none will come (its GETs in flight only fill the cache).
+    this.hydration?.stop();
     try {
       if (!this.readOnly && !this.fencedError) {
         await this.flush();
@@ -1502,6 +1640,13 @@ function applyRecord(map: PackedExtentMap<Loc>, volumeSize: number, key: string,
     }
     map.set(off, len, loc);
   }
+}
+
+/** The working set a checkpoint carries (v4), or an empty one (older versions). */
+function workingSetOf(c: CheckpointData, volumeSize: number): WorkingSet {
+  const ws = new WorkingSet();
+  if (c.workingSet) ws.load(c.workingSet, volumeSize);
+  return ws;
 }
 
 /**

@@ -110,3 +110,44 @@ export async function makeNpmProject(work: string): Promise<{ app: string; refer
   await runOk('npm', ['ci', '--offline', '--ignore-scripts'], { cwd: reference, env, timeoutMs: 120_000 });
   return { app, reference };
 }
+
+/**
+ * A bigger npm project for benchmarks: `packages` packages (default 340) of `files` files each
+ * (default 28: about 10,000 files in node_modules with package.json and index.js), file sizes
+ * from 100 B to 64 KiB, most of them small (log-uniform, as in a real node_modules), packed with
+ * `npm pack` and locked like makeNpmProject's. Returns the project directory (not installed).
+ */
+export async function makeManyPackagesProject(work: string, rng: () => number, packages = 340, files = 28): Promise<{ app: string; files: number; bytes: number }> {
+  const env = npmEnv(work);
+  const root = path.join(work, 'bulk');
+  const vendor = path.join(root, 'app', 'vendor');
+  await fsp.mkdir(vendor, { recursive: true });
+  const names: string[] = [];
+  let count = 0;
+  let bytes = 0;
+  for (let p = 0; p < packages; p++) {
+    const name = `baton-bulk-${String(p).padStart(3, '0')}`;
+    names.push(name);
+    const dir = path.join(root, 'pkgs', name);
+    await fsp.mkdir(path.join(dir, 'lib'), { recursive: true });
+    await fsp.writeFile(path.join(dir, 'package.json'), JSON.stringify({ name, version: '1.0.0', description: 'baton bench fixture', main: 'index.js', license: 'MIT' }, null, 2) + '\n');
+    await fsp.writeFile(path.join(dir, 'index.js'), `module.exports = ${JSON.stringify(name)};\n`);
+    count += 2;
+    for (let f = 0; f < files; f++) {
+      const size = Math.floor(100 * Math.exp(rng() * Math.log(65536 / 100)));
+      const body = `// ${name} m${f}\nmodule.exports = ${JSON.stringify(randomBytes(Math.ceil((size * 3) / 4)).toString('base64'))};\n`;
+      await fsp.writeFile(path.join(dir, 'lib', `m${f}.js`), body);
+      count++;
+      bytes += body.length;
+    }
+  }
+  // One npm process packs them all (a process per package took minutes).
+  for (let i = 0; i < names.length; i += 100) {
+    await runOk('npm', ['pack', ...names.slice(i, i + 100).map((n) => `./pkgs/${n}`), '--pack-destination', vendor], { cwd: root, env, timeoutMs: 600_000 });
+  }
+  const app = path.join(root, 'app');
+  const deps = Object.fromEntries(names.map((n) => [n, `file:vendor/${n}-1.0.0.tgz`]));
+  await fsp.writeFile(path.join(app, 'package.json'), JSON.stringify({ name: 'baton-bulk-app', version: '1.0.0', private: true, dependencies: deps }, null, 2) + '\n');
+  await runOk('npm', ['install', '--package-lock-only', '--offline', '--ignore-scripts'], { cwd: app, env, timeoutMs: 600_000 });
+  return { app, files: count, bytes };
+}

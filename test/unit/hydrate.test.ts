@@ -1,0 +1,648 @@
+/**
+ * Issue 13: the working set a volume's holder records (src/volume/working-set.ts), how it
+ * travels in checkpoints (format.ts v4; v3 and JSON checkpoints still read), and hydration
+ * (src/volume/hydrate.ts): most recently used first, coalesced by object, bounded in
+ * concurrency and bytes, never in the way of a guest read, silent once done. Memory stores,
+ * in process; a wrapping store counts, orders and holds GETs.
+ */
+import test, { type ExecutionContext } from 'ava';
+import * as fsp from 'node:fs/promises';
+import * as os from 'node:os';
+import * as path from 'node:path';
+import { pino } from 'pino';
+import { BlockCache, CACHE_BLOCK } from '../../src/cache.js';
+import { CorruptError } from '../../src/errors.js';
+import { VolumeExports } from '../../src/exports.js';
+import { LocalLeaseManager } from '../../src/lease/local.js';
+import { silentLogger, type Logger } from '../../src/log.js';
+import { InstrumentedObjectStore, seededRandom } from '../../src/store/decorators.js';
+import { MemoryObjectStore } from '../../src/store/memory.js';
+import { listAll, type ByteRange, type ListOptions, type ObjectInfo, type ObjectStore, type PutOptions } from '../../src/store/object-store.js';
+import { StoreCatalog } from '../../src/volume/catalog.js';
+import { CHECKPOINT_MAGIC, decodeCheckpoint, encodeCheckpoint, keys, SRC_HOLE } from '../../src/volume/format.js';
+import type { HydrateOptions } from '../../src/volume/hydrate.js';
+import type { Volume, VolumeOptions } from '../../src/volume/volume.js';
+import { WORKING_SET_CHUNK, WorkingSet } from '../../src/volume/working-set.js';
+
+const KiB = 1024;
+const MiB = 1024 * KiB;
+const CHUNK = WORKING_SET_CHUNK;
+const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
+
+function pattern(seed: number, len: number): Buffer {
+  const r = seededRandom(seed);
+  const b = Buffer.allocUnsafe(len);
+  for (let i = 0; i < len; i++) b[i] = Math.floor(r() * 256);
+  return b;
+}
+
+async function until(cond: () => boolean | Promise<boolean>, timeoutMs = 5000): Promise<boolean> {
+  const end = Date.now() + timeoutMs;
+  while (Date.now() < end) {
+    if (await cond()) return true;
+    await sleep(5);
+  }
+  return cond();
+}
+
+interface Get { key: string; offset: number; length: number }
+
+/**
+ * Records every ranged GET (in the order issued) and how many are in flight; while `holding`,
+ * new GETs wait until release() (those already held stay held until then).
+ */
+class WatchingStore implements ObjectStore {
+  readonly description = 'watching(memory)';
+  readonly gets: Get[] = [];
+  inFlight = 0;
+  maxInFlight = 0;
+  holding = false;
+  held = 0;
+  private gate: Promise<void> | null = null;
+  private open: () => void = () => {};
+  constructor(readonly inner: ObjectStore) {}
+
+  hold(): void {
+    this.holding = true;
+    this.gate = new Promise((r) => { this.open = r; });
+  }
+
+  /** Let the GETs held so far go, and hold the new ones. */
+  rotate(): void {
+    const old = this.open;
+    this.holding = true;
+    this.gate = new Promise((r) => { this.open = r; });
+    old();
+  }
+
+  release(): void { this.holding = false; this.open(); this.gate = null; }
+
+  async get(key: string, range?: ByteRange): Promise<Buffer> {
+    this.gets.push({ key, offset: range?.offset ?? 0, length: range?.length ?? -1 });
+    this.inFlight++;
+    this.maxInFlight = Math.max(this.maxInFlight, this.inFlight);
+    try {
+      if (this.holding && this.gate) {
+        this.held++;
+        try { await this.gate; } finally { this.held--; }
+      }
+      return await this.inner.get(key, range);
+    } finally {
+      this.inFlight--;
+    }
+  }
+
+  put(key: string, body: Buffer, o?: PutOptions): Promise<void> { return this.inner.put(key, body, o); }
+  head(key: string): ReturnType<ObjectStore['head']> { return this.inner.head(key); }
+  list(prefix: string, o?: ListOptions): AsyncIterable<ObjectInfo> { return this.inner.list(prefix, o); }
+  delete(key: string): Promise<void> { return this.inner.delete(key); }
+  close(): Promise<void> { return this.inner.close(); }
+}
+
+/** A "host": a catalog over `store` with a read cache of its own (a new host starts cold). */
+function host(store: ObjectStore, cacheBytes = 64 * MiB, volume: Partial<VolumeOptions> = {}, log: Logger = silentLogger()) {
+  const cache = BlockCache.open({ capacityBytes: cacheBytes });
+  const catalog = new StoreCatalog({ store, log, cache: () => cache, volume });
+  const open = async (name = 'v'): Promise<Volume> => (await catalog.open(name, { readOnly: false })).volume!;
+  return { catalog, open, cache };
+}
+
+/** The object key holding volume offset `off` in v's committed map. */
+function keyAt(v: Volume, off: number): string {
+  for (const e of v.committedExtents()) if (e.offset <= off && off < e.offset + e.length && e.key) return e.key;
+  throw new Error(`nothing committed at ${off}`);
+}
+
+const chunksOf = (ranges: { offset: number; length: number }[]): number[] => ranges.map((r) => Math.floor(r.offset / CHUNK));
+
+// ------------------------------------------------------------------ the record
+
+test('working set: bounded, most recently used first, a repeated touch moves a chunk to the front', (t) => {
+  const ws = new WorkingSet(4096, 4);
+  for (let c = 0; c < 10; c++) ws.touch(c * 4096 + 100, 10);
+  t.is(ws.size, 4, 'bounded by maxChunks: the least recently used went');
+  t.deepEqual(ws.snapshot().chunks, [9, 8, 7, 6]);
+  ws.touch(7 * 4096, 4096);
+  t.deepEqual(ws.snapshot().chunks, [7, 9, 8, 6]);
+  ws.touch(2 * 4096 - 1, 2); // spans chunks 1 and 2
+  t.deepEqual(ws.snapshot().chunks, [2, 1, 7, 9]);
+  t.deepEqual(chunksOf([...ws.ranges(1e9)]).map((c) => c), [2, 1, 7, 9].map((c) => Math.floor((c * 4096) / CHUNK)), 'ranges in recency order');
+});
+
+test('working set: a loaded record is older than what this host touches; other chunk sizes and chunks past the end are mapped or dropped', (t) => {
+  const ws = new WorkingSet(4096, 100);
+  ws.touch(100 * 4096, 1);
+  ws.load({ chunkBytes: 4096, chunks: [5, 3, 100] }, 1000 * 4096);
+  t.deepEqual(ws.snapshot().chunks, [100, 5, 3], 'what this host touched stays the most recent');
+  t.is(ws.addedSinceSaved, 1, 'loaded chunks are already saved elsewhere');
+  const other = new WorkingSet(4096, 100);
+  other.load({ chunkBytes: 8192, chunks: [1, 700] }, 1000 * 4096);
+  t.deepEqual(other.snapshot().chunks, [2, 3], '8 KiB chunk 1 is 4 KiB chunks 2 and 3; chunk 700 (past the end) is dropped');
+  other.touch(3 * 4096, 1);
+  t.deepEqual(other.snapshot().chunks, [3, 2]);
+});
+
+test('checkpoint v4 carries the working set; v3 (binary, without it) still reads; a working set of the wrong length is corrupt', async (t) => {
+  const walk = async (fn: (o: number, l: number, k: string | null, s: number, so: number, size: number) => void): Promise<void> => {
+    fn(0, 4096, 'vol/x/seg/a', 0, 8192, 1 * MiB);
+    fn(4096, 4096, null, SRC_HOLE, 0, 0);
+  };
+  const header = { volumeId: 'x', seq: 7, token: 3, lastId: 'abc', time: new Date(0).toISOString() };
+  const ws = { chunkBytes: CHUNK, chunks: [9, 0, 4, 2 ** 32 - 1] };
+  const b4 = await encodeCheckpoint(header, walk, async () => {}, ws);
+  t.true(b4.subarray(0, 8).equals(CHECKPOINT_MAGIC));
+  const c4 = decodeCheckpoint(b4, 'k');
+  t.is(c4.v, 4);
+  t.deepEqual(c4.workingSet, ws);
+  const ext: number[][] = [];
+  await c4.forEachExtent(2 ** 40, (o, l, s, so) => { ext.push([o, l, s, so]); }, async () => {});
+  t.deepEqual(ext, [[0, 4096, 0, 8192], [4096, 4096, SRC_HOLE, 0]]);
+  const b3 = await encodeCheckpoint(header, walk, async () => {});
+  const c3 = decodeCheckpoint(b3, 'k');
+  t.is(c3.v, 3);
+  t.is(c3.workingSet, undefined);
+  t.is(c3.seq, 7);
+  t.throws(() => decodeCheckpoint(b4.subarray(0, b4.length - 4), 'k'), { instanceOf: CorruptError });
+  t.throws(() => decodeCheckpoint(Buffer.concat([b4, Buffer.alloc(4)]), 'k'), { instanceOf: CorruptError });
+  await t.throwsAsync(encodeCheckpoint(header, walk, async () => {}, { chunkBytes: 3000, chunks: [] }), { instanceOf: RangeError });
+});
+
+test('a writer\'s close leaves a checkpoint with its working set: writes and reads, most recent first; the next open has it', async (t) => {
+  const store = new MemoryObjectStore();
+  const a = host(store);
+  await a.catalog.create('v', 64 * MiB);
+  const v = await a.open();
+  await v.write(0, pattern(1, 4096), false);
+  await v.write(10 * MiB, pattern(2, 64 * KiB), false);
+  await v.flush();
+  await v.read(20 * MiB, 4096); // a hole: still part of what the guest looked at
+  await v.read(0, 4096);
+  await v.close();
+  const cps = await listAll(store, keys.checkpointPrefix(v.volumeId));
+  t.is(cps.length, 1, 'close wrote a checkpoint');
+  const c = decodeCheckpoint(await store.get(cps[0]!.key), cps[0]!.key);
+  t.is(c.v, 4);
+  t.deepEqual(c.workingSet?.chunks, [0, (20 * MiB) / CHUNK, (10 * MiB) / CHUNK]);
+  const w = await host(store).open();
+  t.is(w.stats().workingSetChunks, 3);
+  t.deepEqual(chunksOf(w.hydrationPlan('working-set')), [0, (10 * MiB) / CHUNK], 'the plan keeps recency order and skips ranges without data');
+});
+
+test('a host that crashed before any checkpoint: the next host\'s working set is what the log after the last checkpoint wrote, newest first', async (t) => {
+  const store = new MemoryObjectStore();
+  const a = host(store, 64 * MiB, { checkpointEvery: 1000 });
+  await a.catalog.create('v', 64 * MiB);
+  const v = await a.open();
+  for (const [i, off] of [30 * MiB, 1 * MiB, 7 * MiB].entries()) {
+    await v.write(off, pattern(i, 8192), false);
+    await v.flush();
+  }
+  await v.trim(40 * MiB, 1 * MiB, true); // trims are not data: nothing to hydrate there
+  t.is((await listAll(store, keys.checkpointPrefix(v.volumeId))).length, 0, 'no checkpoint: A "crashed" (never closed)');
+  const b = await host(store).open();
+  t.deepEqual(b.workingSetSnapshot().chunks, [7, 1, 30].map((m) => (m * MiB) / CHUNK));
+});
+
+/** Rewrite checkpoint `key` as v3 (the binary format before the working set), same map. */
+async function rewriteAsV3(store: ObjectStore, key: string): Promise<void> {
+  const c = decodeCheckpoint(await store.get(key), key);
+  const ext: [number, number, string | null, number, number, number][] = [];
+  await c.forEachExtent(2 ** 40, (o, l, s, so) => { ext.push([o, l, s >= 0 ? c.objects[s]![0] : null, s, so, s >= 0 ? c.objects[s]![1] : 0]); }, async () => {});
+  const v3 = await encodeCheckpoint({ volumeId: c.volumeId, seq: c.seq, token: c.token, ...(c.lastId !== undefined ? { lastId: c.lastId } : {}), time: new Date().toISOString() },
+    async (fn) => { for (const e of ext) fn(e[0], e[1], e[2], e[3], e[4], e[5]); }, async () => {});
+  await store.delete(key);
+  await store.put(key, v3);
+}
+
+test('a working set that grew by 256 chunks is checkpointed after 8 commits (not 64): a crash then loses at most that much of what was only read', async (t) => {
+  const store = new MemoryObjectStore();
+  const a = host(store);
+  await a.catalog.create('v', 256 * MiB);
+  const v = await a.open();
+  for (let c = 0; c < 300; c++) await v.read(c * CHUNK, 4096); // reads only: no record, no checkpoint
+  for (let i = 0; i < 7; i++) await v.write(200 * MiB + i * 4096, pattern(i, 4096), true);
+  t.false(await until(async () => (await listAll(store, keys.checkpointPrefix(v.volumeId))).length > 0, 500), 'not after 7 records');
+  await v.write(200 * MiB + 7 * 4096, pattern(7, 4096), true);
+  t.true(await until(async () => (await listAll(store, keys.checkpointPrefix(v.volumeId))).length === 1), 'after the 8th');
+  // The host "crashes" (never closes): the next host gets the reads from that checkpoint.
+  const w = await host(store).open();
+  const chunks = new Set(w.workingSetSnapshot().chunks);
+  t.true([0, 1, 150, 299].every((c) => chunks.has(c)));
+  t.true(chunks.has((200 * MiB) / CHUNK));
+});
+
+test('the working set never checkpoints a big map more often than its size allows (one record per 256 extents)', async (t) => {
+  const store = new MemoryObjectStore();
+  const a = host(store, 64 * MiB, { checkpointEvery: 10_000 });
+  await a.catalog.create('v', 1024 * MiB);
+  const v = await a.open();
+  for (let i = 0; i < 8192; i++) await v.zero(i * 8192, 4096, { fua: false, mayTrim: false, fastZero: false }); // 8192 extents: the bound is 32 records
+  await v.flush();
+  for (let c = 0; c < 300; c++) await v.read(512 * MiB + c * CHUNK, 4096);
+  for (let i = 0; i < 20; i++) await v.write(900 * MiB + i * 4096, pattern(i, 4096), true);
+  t.false(await until(async () => (await listAll(store, keys.checkpointPrefix(v.volumeId))).length > 0, 1000), 'not after 21 records');
+  for (let i = 20; i < 40; i++) await v.write(900 * MiB + i * 4096, pattern(i, 4096), true);
+  t.true(await until(async () => (await listAll(store, keys.checkpointPrefix(v.volumeId))).length === 1), 'after 32');
+});
+
+test('an old v3 checkpoint (without a working set) still recovers the volume', async (t) => {
+  const store = new MemoryObjectStore();
+  const a = host(store, 64 * MiB, { segmentBytes: 256 * KiB });
+  await a.catalog.create('v', 64 * MiB);
+  const v = await a.open();
+  const data = pattern(5, 512 * KiB); // two whole segments: the log record holds no data
+  await v.write(3 * MiB, data, false);
+  await v.close();
+  const [cp] = await listAll(store, keys.checkpointPrefix(v.volumeId));
+  await rewriteAsV3(store, cp!.key);
+  for (const o of await listAll(store, keys.logPrefix(v.volumeId))) await store.delete(o.key); // only the checkpoint can give the map
+  const w = await host(store).open();
+  t.is(decodeCheckpoint(await store.get(cp!.key), cp!.key).v, 3);
+  t.true((await w.read(3 * MiB, data.length)).equals(data));
+  t.is(w.stats().workingSetChunks, 2, 'no working set from the checkpoint; the read made one (two chunks)');
+});
+
+test('forks and snapshots inherit their parent\'s working set at the fork point', async (t) => {
+  const store = new MemoryObjectStore();
+  const a = host(store);
+  await a.catalog.create('v', 64 * MiB);
+  const v = await a.open();
+  for (const off of [5 * MiB, 2 * MiB, 9 * MiB]) await v.write(off, pattern(off, 4096), false);
+  await v.flush();
+  await v.read(5 * MiB, 4096);
+  await v.close();
+  const parentPlan = (await host(store).open()).workingSetSnapshot().chunks;
+  t.deepEqual(parentPlan, [5, 9, 2].map((m) => (m * MiB) / CHUNK));
+  await a.catalog.fork('v', 'f');
+  await a.catalog.snapshot('v', 's');
+  const f = await host(store).open('f');
+  t.deepEqual(f.workingSetSnapshot().chunks, parentPlan, 'the fork (no checkpoint of its own yet) starts from the parent\'s');
+  const s = (await host(store).catalog.open('v@s', { readOnly: true })).volume!;
+  t.deepEqual(s.workingSetSnapshot().chunks, parentPlan, 'the snapshot too');
+  // The fork's own first checkpoint carries what it inherited, then what it did itself.
+  await f.read(40 * MiB, 4096);
+  await f.write(41 * MiB, pattern(9, 4096), true);
+  await f.close();
+  const f2 = await host(store).open('f');
+  t.deepEqual(f2.workingSetSnapshot().chunks, [41, 40, 5, 9, 2].map((m) => (m * MiB) / CHUNK));
+});
+
+// ------------------------------------------------------------------ hydration
+
+/**
+ * A volume of `n` chunks of data, each committed by its own flush (so each is its own object:
+ * a log record, its header and the chunk inline; `sizes` are those objects' sizes).
+ */
+async function volumeOfChunks(store: ObjectStore, n: number, opts: { gap?: number } = {}): Promise<{ data: Buffer[]; offsets: number[]; sizes: number[] }> {
+  const a = host(store);
+  await a.catalog.create('v', 256 * MiB);
+  const v = await a.open();
+  const data: Buffer[] = [];
+  const offsets: number[] = [];
+  for (let i = 0; i < n; i++) {
+    const off = i * (opts.gap ?? 2) * CHUNK;
+    const d = pattern(100 + i, CHUNK);
+    await v.write(off, d, false);
+    await v.flush();
+    data.push(d);
+    offsets.push(off);
+  }
+  const sizes: number[] = [];
+  for (const off of offsets) sizes.push((await store.head(keyAt(v, off)))!.size);
+  await v.close();
+  return { data, offsets, sizes };
+}
+
+const hydrate = (v: Volume, o: Partial<HydrateOptions> = {}) => v.startHydration({ mode: 'working-set', ...o })!;
+
+test('hydration fetches the working set most recently used first, one object after the other, then is done; reads then hit the cache', async (t) => {
+  const mem = new MemoryObjectStore();
+  const a = host(mem);
+  await a.catalog.create('v', 64 * MiB);
+  const v = await a.open();
+  const offs = [0, 4 * MiB, 8 * MiB]; // A, B, C: each its own commit, its own log record
+  for (const [i, off] of offs.entries()) { await v.write(off, pattern(i, 64 * KiB), false); await v.flush(); }
+  await v.read(0, 4096); // A is the most recent now: A, C, B
+  await v.close();
+  const watch = new WatchingStore(mem);
+  const b = host(watch);
+  const w = await b.open();
+  const want = [keyAt(w, 0), keyAt(w, 8 * MiB), keyAt(w, 4 * MiB)];
+  watch.gets.length = 0;
+  const h = hydrate(w, { concurrency: 1 });
+  await h.done;
+  t.deepEqual(watch.gets.map((g) => g.key), want, 'A, then C, then B: one GET each');
+  const s = h.status();
+  t.is(s.state, 'done');
+  t.true(s.planned);
+  t.is(s.fetchedBytes, s.plannedBytes, 'fetched what it planned');
+  t.true(s.fetchedBytes >= 3 * 64 * KiB);
+  watch.gets.length = 0;
+  for (const [i, off] of offs.entries()) t.true((await w.read(off, 64 * KiB)).equals(pattern(i, 64 * KiB)));
+  t.is(watch.gets.length, 0, 'every read was a cache hit');
+});
+
+test('hydration coalesces by object: a big commit\'s data comes in a few large GETs, at most --hydrate-concurrency in flight', async (t) => {
+  const mem = new MemoryObjectStore();
+  const a = host(mem, 64 * MiB, { segmentBytes: 8 * MiB });
+  await a.catalog.create('v', 256 * MiB);
+  const v = await a.open();
+  const big = pattern(7, 24 * MiB);
+  await v.write(16 * MiB, big, true); // three 8 MiB segments
+  await v.close();
+  const watch = new WatchingStore(mem);
+  const w = await host(watch, 128 * MiB).open();
+  watch.gets.length = 0;
+  watch.maxInFlight = 0;
+  watch.hold();
+  const h = hydrate(w, { concurrency: 8, fetchBytes: 2 * MiB });
+  t.true(await until(() => watch.held === 8), 'a window of 8');
+  await sleep(100);
+  t.is(watch.held, 8, 'never more');
+  watch.release();
+  await h.done;
+  t.is(h.status().fetchedBytes, 24 * MiB);
+  t.is(watch.gets.length, 12, '24 MiB in 2 MiB GETs');
+  t.true(watch.gets.every((g) => g.length === 2 * MiB));
+  t.is(watch.maxInFlight, 8);
+});
+
+test('a guest read during hydration is served at once: it never waits behind hydration GETs (held here)', async (t) => {
+  const mem = new MemoryObjectStore();
+  const { data, offsets } = await volumeOfChunks(mem, 32);
+  const watch = new WatchingStore(mem);
+  const w = await host(watch).open();
+  watch.gets.length = 0;
+  watch.hold(); // every hydration GET from now on hangs
+  const h = hydrate(w, { concurrency: 2 });
+  t.true(await until(() => watch.held === 2), 'two hydration GETs in flight, held');
+  watch.holding = false; // new GETs pass again; the two stay held
+  // The least recently used chunk: still in hydration's queue, behind 30 others.
+  const t0 = performance.now();
+  const got = await w.read(offsets[0]!, CHUNK);
+  const ms = performance.now() - t0;
+  t.true(got.equals(data[0]!), 'right data');
+  t.is(watch.held, 2, 'hydration\'s GETs are still held: the read did not wait for them');
+  t.is(h.status().requests, 0, 'hydration has finished no GET yet');
+  t.true(ms < 1000, `read took ${ms.toFixed(0)} ms`);
+  t.is(watch.gets.filter((g) => g.key === keyAt(w, offsets[0]!)).length, 1, 'the read made its own GET');
+  watch.release();
+  await h.done;
+  t.is(watch.gets.filter((g) => g.key === keyAt(w, offsets[0]!)).length, 1, 'hydration did not fetch it again');
+  t.true(watch.maxInFlight <= 3, 'two hydration GETs and the read at most');
+  for (const [i, off] of offsets.entries()) t.true((await w.read(off, CHUNK)).equals(data[i]!));
+});
+
+test('a guest read that misses moves hydration\'s queued GETs around it to the front (hydration follows the reader)', async (t) => {
+  const mem = new MemoryObjectStore();
+  const a = host(mem, 64 * MiB, { segmentBytes: 8 * MiB });
+  await a.catalog.create('v', 64 * MiB);
+  const v = await a.open();
+  await v.write(0, pattern(3, 16 * MiB), true); // two 8 MiB segments; the working set: highest offsets most recent
+  await v.close();
+  const watch = new WatchingStore(mem);
+  const w = await host(watch).open();
+  const low = keyAt(w, 0);
+  const high = keyAt(w, 8 * MiB);
+  watch.gets.length = 0;
+  watch.hold();
+  const h = hydrate(w, { concurrency: 1, fetchBytes: 2 * MiB });
+  t.true(await until(() => watch.held === 1));
+  t.is(watch.gets[0]!.key, high, 'most recent first: the upper segment');
+  watch.holding = false;
+  const got = await w.read(0, 4096); // the other end: its own GET, at once
+  t.true(got.equals(pattern(3, 16 * MiB).subarray(0, 4096)));
+  t.is(h.status().promoted, 2, 'the queued GET covering it and the one after it');
+  watch.release();
+  await h.done;
+  const order = watch.gets.map((g) => `${g.key === low ? 'low' : 'high'}@${g.offset / MiB}`);
+  t.deepEqual(order.slice(0, 5), ['high@0', 'low@0', 'low@0.25', 'low@2', 'high@2'], 'held GET, the read\'s own, then the promoted ones (the read\'s block skipped), then plan order');
+  t.is(watch.gets.reduce((n, g) => n + g.length, 0), 16 * MiB, 'every byte fetched once');
+  watch.gets.length = 0;
+  t.true((await w.read(0, 16 * MiB)).equals(pattern(3, 16 * MiB)));
+  t.is(watch.gets.length, 0);
+});
+
+test('while guest reads miss, hydration steps back to half its window until the guest has been quiet for a while', async (t) => {
+  const mem = new MemoryObjectStore();
+  const { data, offsets } = await volumeOfChunks(mem, 32);
+  const watch = new WatchingStore(mem);
+  const w = await host(watch).open();
+  watch.gets.length = 0;
+  watch.hold();
+  const h = hydrate(w, { concurrency: 4, guestQuietMs: 1500 });
+  t.true(await until(() => watch.held === 4), 'a full window in flight');
+  watch.holding = false;
+  t.true((await w.read(offsets[0]!, 4096)).equals(data[0]!.subarray(0, 4096)), 'a miss: its own GET, at once');
+  watch.rotate(); // the four finish; the GETs that follow are held
+  await sleep(300);
+  t.is(watch.held, 2, 'half the window while the guest is missing');
+  t.true(h.isRunning);
+  watch.release();
+  await h.done; // then hydration goes on to the end
+  t.is(h.status().state, 'done');
+  for (const [i, off] of offsets.entries()) t.true((await w.read(off, CHUNK)).equals(data[i]!));
+});
+
+test('hydration stays within its byte budget (--hydrate-max), most recent first', async (t) => {
+  const mem = new MemoryObjectStore();
+  const { offsets, sizes } = await volumeOfChunks(mem, 16);
+  const watch = new WatchingStore(mem);
+  const w = await host(watch).open();
+  watch.gets.length = 0;
+  const four = sizes.slice(-4).reduce((a, b) => a + b, 0);
+  const h = hydrate(w, { concurrency: 1, maxBytes: four });
+  await h.done;
+  const s = h.status();
+  t.true(s.truncated);
+  t.is(s.fetchedBytes, four);
+  // The last four written are the most recent.
+  t.deepEqual(watch.gets.map((g) => g.key), offsets.slice(-4).reverse().map((o) => keyAt(w, o)));
+});
+
+test('by default hydration takes at most three quarters of the cache', async (t) => {
+  const mem = new MemoryObjectStore();
+  const { sizes } = await volumeOfChunks(mem, 40);
+  const w = await host(mem, 16 * MiB).open(); // 40 objects of ~256 KiB = 10 MiB fit in three quarters of 16 MiB
+  const h = hydrate(w);
+  await h.done;
+  t.false(h.status().truncated);
+  t.is(h.status().fetchedBytes, sizes.reduce((a, b) => a + b, 0));
+  const w2 = await host(mem, 8 * MiB).open(); // 6 MiB: fewer than 24 of them
+  const h2 = hydrate(w2);
+  await h2.done;
+  t.true(h2.status().truncated);
+  t.true(h2.status().fetchedBytes <= 6 * MiB);
+  t.true(h2.status().fetchedBytes > 5 * MiB);
+});
+
+test('hydration skips what the cache holds: a second hydration on a warm host fetches nothing', async (t) => {
+  const mem = new MemoryObjectStore();
+  await volumeOfChunks(mem, 8);
+  const watch = new WatchingStore(mem);
+  const b = host(watch);
+  const w = await b.open();
+  await hydrate(w).done;
+  watch.gets.length = 0;
+  const h = hydrate(w);
+  await h.done;
+  t.is(watch.gets.length, 0);
+  t.is(h.status().plannedBytes, 0);
+});
+
+test('all: the working set first, then the rest of the volume\'s data in volume order', async (t) => {
+  const mem = new MemoryObjectStore();
+  const a = host(mem);
+  await a.catalog.create('v', 64 * MiB);
+  const v = await a.open();
+  await v.write(1 * MiB, pattern(1, 4096), false);
+  await v.write(20 * MiB, pattern(2, 4096), true);
+  await v.close();
+  // A checkpoint from before working sets: only what is written after it is in the working set.
+  const [cp] = await listAll(mem, keys.checkpointPrefix(v.volumeId));
+  await rewriteAsV3(mem, cp!.key);
+  const v2 = await host(mem).open();
+  t.is(v2.stats().workingSetChunks, 0);
+  await v2.write(50 * MiB, pattern(3, 4096), true); // then "crashes": the log after the checkpoint holds it
+  const watch = new WatchingStore(mem);
+  const w = await host(watch).open();
+  t.deepEqual(w.workingSetSnapshot().chunks, [(50 * MiB) / CHUNK]);
+  watch.gets.length = 0;
+  await hydrate(w, { concurrency: 1 }).done;
+  t.deepEqual(watch.gets.map((g) => g.key), [keyAt(w, 50 * MiB)], 'working-set: the working set only');
+  const w2 = await host(watch).open();
+  watch.gets.length = 0;
+  await w2.startHydration({ mode: 'all', concurrency: 1 })!.done;
+  t.deepEqual(watch.gets.map((g) => g.key), [keyAt(w, 50 * MiB), keyAt(w, 1 * MiB)], 'all: then the rest (one object holds 1 and 20 MiB)');
+  t.deepEqual(w2.hydrationPlan('all').map((r) => r.offset), [50 * MiB, 1 * MiB, 20 * MiB]);
+});
+
+test('a volume left idle makes no store request once hydration is done', async (t) => {
+  const mem = new MemoryObjectStore();
+  await volumeOfChunks(mem, 8);
+  const inst = new InstrumentedObjectStore(mem);
+  const w = await host(inst).open();
+  const h = hydrate(w);
+  await h.done;
+  t.true(inst.stats().get.requests > 0);
+  inst.reset();
+  await sleep(300);
+  t.is(inst.stats().total.requests, 0);
+});
+
+test('closing the volume stops hydration: no GET starts after close', async (t) => {
+  const mem = new MemoryObjectStore();
+  await volumeOfChunks(mem, 16);
+  const watch = new WatchingStore(mem);
+  const w = await host(watch).open();
+  watch.gets.length = 0;
+  watch.hold();
+  const h = hydrate(w, { concurrency: 2 });
+  t.true(await until(() => watch.held === 2));
+  await w.close();
+  watch.release();
+  await h.done;
+  t.is(watch.gets.length, 2, 'only the two that were in flight');
+  t.is(h.status().state, 'stopped');
+});
+
+test('a local store (file:) needs no hydration: objects are read in place', async (t) => {
+  const dir = await fsp.mkdtemp(path.join(os.tmpdir(), 'baton-hydrate-'));
+  t.teardown(() => fsp.rm(dir, { recursive: true, force: true }));
+  const { LocalDirObjectStore } = await import('../../src/store/local-dir.js');
+  const store = new LocalDirObjectStore(dir);
+  const a = host(store);
+  await a.catalog.create('v', 16 * MiB);
+  const v = await a.open();
+  await v.write(0, pattern(1, 4096), true);
+  t.is(v.startHydration({ mode: 'all' }), null);
+  await v.close();
+});
+
+// ------------------------------------------------------------------ served volumes (VolumeExports)
+
+interface LogLine { msg: string; volume?: string; [k: string]: unknown }
+function capturing(): { log: Logger; lines: LogLine[] } {
+  const lines: LogLine[] = [];
+  const log = pino({ level: 'debug' }, { write(s: string) { lines.push(JSON.parse(s) as LogLine); } });
+  return { log, lines };
+}
+
+async function leaseDir(t: ExecutionContext): Promise<string> {
+  const dir = await fsp.mkdtemp(path.join(os.tmpdir(), 'baton-hydrate-lease-'));
+  t.teardown(() => fsp.rm(dir, { recursive: true, force: true }));
+  return dir;
+}
+
+test('handoff ships the hint: the new host hydrates while it waits for the old one, then from the checkpoint the old one left, and serves from its cache', async (t) => {
+  const mem = new MemoryObjectStore();
+  const dir = await leaseDir(t);
+  const hydrateOpts: HydrateOptions = { mode: 'working-set', concurrency: 4 };
+  const mk = (hostId: string, store: ObjectStore, log: Logger) => {
+    const leases = new LocalLeaseManager(dir, { ttlMs: 3000 });
+    t.teardown(() => leases.close());
+    const h = host(store, 64 * MiB, {}, log);
+    const exports = new VolumeExports(h.catalog, { readOnly: false, idleGraceMs: 60_000, log, hydrate: hydrateOpts, lease: { manager: leases, hostId, onHeld: 'takeover', waitMs: 10_000 } });
+    exports.setDisconnector(() => {});
+    t.teardown(() => exports.close());
+    return { ...h, exports };
+  };
+  const A = mk('A', mem, silentLogger());
+  await A.catalog.create('v', 64 * MiB);
+  const ha = await A.exports.open('v');
+  const offs = [3 * MiB, 17 * MiB, 33 * MiB, 60 * MiB];
+  for (const [i, off] of offs.entries()) await ha.backend.write(off, pattern(i, 128 * KiB), false);
+  await ha.backend.flush();
+  await ha.backend.read(40 * MiB, 4096);
+  const watch = new WatchingStore(mem);
+  const cap = capturing();
+  const B = mk('B', watch, cap.log);
+  const hb = await B.exports.open('v'); // asks A to hand over, waits, opens
+  const vb = hb.backend as Volume;
+  t.truthy(cap.lines.find((l) => l.msg === 'hydrating from the newest checkpoint while the volume is handed over'), 'started hydrating before A let go');
+  t.true(await until(() => vb.stats().hydration?.state === 'done'), 'hydration done');
+  t.true(vb.stats().workingSetChunks >= offs.length + 1, 'A\'s working set arrived (its close wrote it)');
+  watch.gets.length = 0;
+  for (const [i, off] of offs.entries()) t.true((await hb.backend.read(off, 128 * KiB)).equals(pattern(i, 128 * KiB)));
+  t.is(watch.gets.length, 0, 'B read everything A worked on from its cache');
+  hb.release();
+  ha.release();
+});
+
+test('a served volume under a lease: hydration state is published for baton status, and the idle volume makes no store request after it', async (t) => {
+  const mem = new MemoryObjectStore();
+  const { sizes } = await volumeOfChunks(mem, 8);
+  const dir = await leaseDir(t);
+  const leases = new LocalLeaseManager(dir, { ttlMs: 1500 });
+  t.teardown(() => leases.close());
+  const inst = new InstrumentedObjectStore(mem);
+  const h = host(inst);
+  const exports = new VolumeExports(h.catalog, { readOnly: false, idleGraceMs: 60_000, log: silentLogger(), hydrate: { mode: 'working-set' }, lease: { manager: leases, hostId: 'A', onHeld: 'refuse', waitMs: 0 } });
+  exports.setDisconnector(() => {});
+  t.teardown(() => exports.close());
+  const handle = await exports.open('v');
+  const vol = handle.backend as Volume;
+  t.true(await until(() => vol.stats().hydration?.state === 'done'));
+  t.true(await until(async () => (await leases.inspect('v'))?.status?.hydration?.state === 'done', 5000), 'published with the lease');
+  const st = (await leases.inspect('v'))!.status!.hydration!;
+  t.is(st.fetchedBytes, sizes.reduce((a, b) => a + b, 0));
+  t.true(st.planned);
+  inst.reset();
+  await sleep(2000); // lease renewals and status updates run meanwhile
+  t.is(inst.stats().total.requests, 0, 'no store request from an idle, hydrated volume');
+  handle.release();
+});
+
+test('CACHE requests (baton prefetch) warm the block cache and count in the working set', async (t) => {
+  const mem = new MemoryObjectStore();
+  const { data, offsets } = await volumeOfChunks(mem, 8, { gap: 1 });
+  const watch = new WatchingStore(mem);
+  const w = await host(watch).open();
+  watch.gets.length = 0;
+  await w.cache(0, 8 * CHUNK);
+  t.is(new Set(watch.gets.map((g) => g.key)).size, 8, 'each object');
+  t.deepEqual(w.workingSetSnapshot().chunks.slice(0, 8).sort((a, b) => a - b), [0, 1, 2, 3, 4, 5, 6, 7]);
+  watch.gets.length = 0;
+  for (const [i, off] of offsets.entries()) t.true((await w.read(off, CHUNK)).equals(data[i]!));
+  t.is(watch.gets.length, 0);
+});
