@@ -457,7 +457,7 @@ Examples:
         : `not compacted ${c.name}: ${c.skipped}\n`);
     }
     process.stdout.write([
-      `${r.records} volumes and snapshots; ${r.objects} objects (${formatSize(r.storedBytes)}) in the store, ${r.referencedObjects} (${formatSize(r.referencedBytes)}) referenced`,
+      `${r.records} volumes and snapshots (${r.reusedRecords} unchanged since the last run, not read again); ${r.objects} objects (${formatSize(r.storedBytes)}) in the store, ${r.referencedObjects} (${formatSize(r.referencedBytes)}) referenced`,
       `${r.dryRun ? 'would delete' : 'deleted'} ${r.deletedObjects} objects (${formatSize(r.deletedBytes)}) marked by earlier runs${r.failedDeletes ? `; ${r.failedDeletes} deletes failed (a later run retries)` : ''}`,
       `${r.dryRun ? 'would mark' : 'marked'} ${r.markedObjects} unreferenced objects (${formatSize(r.markedBytes)}): a run ${formatDuration(r.graceMs)} or more from now deletes them if still unreferenced`,
       ...(r.youngUnreferenced ? [`${r.youngUnreferenced} unreferenced objects are younger than the grace period: left alone`] : []),
