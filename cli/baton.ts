@@ -30,6 +30,10 @@ import { VolumeExports, defaultHostId, type OnHeld } from '../src/exports.js';
 import { openLeaseManager } from '../src/lease/open.js';
 import { BackgroundMaintenance, DEFAULT_COMPACT_BELOW, compactIdleVolumes, type CompactionReport } from '../src/maintenance.js';
 import { DEFAULT_GC_GRACE_MS, collectGarbage } from '../src/volume/gc.js';
+import { createMetricsRegistry, type MetricsSources } from '../src/metrics.js';
+import { MetricsServer, Readiness, parseMetricsAddress } from '../src/metrics-server.js';
+
+const VERSION = '0.1.0';
 
 function sizeArg(v: string): number {
   try { return parseSize(v); } catch (err) { throw new CommanderInvalidArgument(errorMessage(err)); }
@@ -124,7 +128,7 @@ function storeCatalog(o: StoreFlags, what: string, extra: CatalogOptions = {}): 
 const program = new Command()
   .name('baton')
   .description('Workspaces for agents as NBD block devices: create volumes, serve them, attach them anywhere.')
-  .version('0.1.0')
+  .version(VERSION)
   .showHelpAfterError('(add --help for usage and examples)')
   .configureHelp({ sortSubcommands: true })
   // Set before the subcommands are added, so they inherit it: usage errors exit 2.
@@ -161,21 +165,46 @@ withStore(program.command('serve')
   .addOption(durationOption('--gc-grace <duration>', 'garbage collection grace period (see baton gc --help)', DEFAULT_GC_GRACE_MS))
   .option('--compact-below <fraction>', 'rewrite objects of served volumes whose live fraction is below this', fractionArg, DEFAULT_COMPACT_BELOW)
   .addOption(durationOption('--stats-interval <duration>', 'log RSS, heap and event-loop delay (p50/p99/max since the last line) at info level this often (0: never)', 0))
+  .option('--metrics <[host:]port>', 'serve Prometheus metrics at /metrics and health at /healthz, /readyz on this address (a bare port listens on 127.0.0.1)', (v: string) => {
+    try { return parseMetricsAddress(v); } catch (err) { throw new CommanderInvalidArgument(errorMessage(err)); }
+  })
   .option('--log-level <level>', LOG_LEVELS.join(', '), process.env.BATON_LOG_LEVEL ?? 'info')
   .addHelpText('after', `
+Metrics (--metrics): /metrics is Prometheus text (baton_* series per volume, store, cache,
+GC, and the process's); /healthz answers 200 while the process runs; /readyz answers 200
+once the store passed its startup probe, the lease service answers and NBD is listening,
+503 with the failing check otherwise. See README.md, "Metrics".
+
 Examples:
   $ baton serve --create work --size 10G
   $ baton serve --socket /run/baton.sock --store file:/var/lib/baton
   $ AWS_PROFILE=ci baton serve --store s3://my-bucket/baton --endpoint http://127.0.0.1:7480
   $ nbd-client -N work 127.0.0.1 10809 /dev/nbd0     # attach with the kernel client
-  $ nbdfuse /mnt/work nbd://127.0.0.1/work &         # or as a file through FUSE`)
-  .action(async (opts: StoreFlags & LeaseFlags & { listen: string; socket?: string; cacheDir: string; cacheSize: number; readOnly?: boolean; create?: string; size?: number; handshakeTimeout: number; maxConnections: number; idleGrace: number; logLevel: string; onHeld: OnHeld; heldWait: number; gcInterval: number; gcGrace: number; compactBelow: number; statsInterval: number }) => {
+  $ nbdfuse /mnt/work nbd://127.0.0.1/work &         # or as a file through FUSE
+  $ baton serve --metrics 9464                       # metrics on 127.0.0.1:9464
+  $ curl -s 127.0.0.1:9464/metrics | grep '^baton_nbd_requests_total'
+  $ baton serve --listen 0.0.0.0:10809 --metrics 0.0.0.0:9464 --redis redis://10.0.0.5:6379`)
+  .action(async (opts: StoreFlags & LeaseFlags & { listen: string; socket?: string; cacheDir: string; cacheSize: number; readOnly?: boolean; create?: string; size?: number; handshakeTimeout: number; maxConnections: number; idleGrace: number; logLevel: string; onHeld: OnHeld; heldWait: number; gcInterval: number; gcGrace: number; compactBelow: number; statsInterval: number; metrics?: { host: string; port: number } }) => {
     const log = makeLogger(opts.logLevel);
     if (opts.statsInterval > 0) logProcessStats(opts.statsInterval, log);
     if (opts.size !== undefined && !opts.create) throw new InvalidArgumentError('--size is the size of the volume --create NAME makes; without --create it would do nothing (volumes are made with baton create NAME --size SIZE)');
-    const catalog = catalogFor(opts, { log, cacheDir: opts.cacheDir, cacheSize: opts.cacheSize, retry: { budgetMs: DEFAULT_RETRY_BUDGET_MS } });
-    if (catalog instanceof StoreCatalog) await checkCacheDir(catalog, opts.cacheDir);
+    const catalog = catalogFor(opts, { log, cacheDir: opts.cacheDir, cacheSize: opts.cacheSize, retry: { budgetMs: DEFAULT_RETRY_BUDGET_MS }, instrument: !!opts.metrics });
+    // Metrics first: /healthz answers and /readyz says what it waits for while the store is
+    // probed (which waits for as long as the store does not answer). Filled in as things start.
+    const sources: MetricsSources = { info: { hostId: opts.hostId, store: catalog.description, version: VERSION }, ...(catalog instanceof StoreCatalog ? { store: catalog.store } : {}) };
+    const readiness = new Readiness();
+    readiness.set('store', false, 'waiting for the store to pass its startup probe');
+    readiness.set('listening', false, 'NBD is not listening yet');
+    if (opts.metrics) {
+      const bound = await new MetricsServer(createMetricsRegistry(sources), readiness, log).listen(opts.metrics.host, opts.metrics.port);
+      log.info({ address: bound, paths: ['/metrics', '/healthz', '/readyz'] }, 'metrics listening');
+    }
+    if (catalog instanceof StoreCatalog) {
+      await checkCacheDir(catalog, opts.cacheDir);
+      sources.cache = await catalog.readCache();
+    }
     await probeBeforeServing(catalog, !!opts.readOnly, log);
+    readiness.set('store', true, opts.readOnly || !(catalog instanceof StoreCatalog) ? `${catalog.description} (read-only or plain backend: not probed)` : catalog.description);
     if (opts.create) {
       if (opts.size === undefined) throw new BatonError('BATON_ERR_INVALID_ARGUMENT', '--create needs --size (for example --size 10G)');
       try {
@@ -187,8 +216,10 @@ Examples:
     }
     const addr: ListenAddress = opts.socket ? { path: opts.socket } : parseListen(opts.listen);
     const leases = catalog instanceof StoreCatalog && !opts.readOnly ? await leaseManagerFor(opts, log) : null;
+    if (leases) readiness.probe('lease', async () => { await leases.ping(); return leases.description; });
+    else readiness.set('lease', true, 'no lease (read-only or plain backend)');
     const exports = new VolumeExports(catalog, {
-      readOnly: !!opts.readOnly, idleGraceMs: opts.idleGrace * 1000, log,
+      readOnly: !!opts.readOnly, idleGraceMs: opts.idleGrace * 1000, log, requestStats: !!opts.metrics,
       ...(leases ? { lease: { manager: leases, hostId: opts.hostId, onHeld: opts.onHeld, waitMs: opts.heldWait * 1000, address: 'path' in addr ? `unix:${addr.path}` : `${addr.host}:${addr.port}` } } : {}),
     });
     const server = new NbdServer(exports, { log, handshakeTimeoutMs: opts.handshakeTimeout * 1000, maxConnections: opts.maxConnections });
@@ -200,10 +231,13 @@ Examples:
       ? new BackgroundMaintenance(catalog, exports, { intervalMs: opts.gcInterval, graceMs: opts.gcGrace, compactBelow: opts.compactBelow, log })
       : null;
     maintenance?.start();
+    Object.assign(sources, { volumes: exports, nbd: server, maintenance });
+    readiness.set('listening', true, uri);
     let stopping = false;
     const stop = async (signal: string): Promise<void> => {
       if (stopping) return;
       stopping = true;
+      readiness.set('listening', false, 'shutting down');
       log.info({ signal }, 'shutting down: finishing requests and flushing volumes');
       await maintenance?.stop();
       await server.close();
