@@ -559,7 +559,18 @@ export class InstrumentedObjectStore implements ObjectStore {
     const inner = next.local;
     if (inner) {
       this.local = {
-        read: (key, offset, length, out, outOff) => this.#count('get', () => inner.read(key, offset, length, out, outOff), () => length),
+        // On the path of every NBD READ of a file: store: one promise reaction, no async frame.
+        read: (key, offset, length, out, outOff) => {
+          const t0 = this.#begin('get');
+          let p: Promise<void>;
+          try {
+            p = inner.read(key, offset, length, out, outOff);
+          } catch (err) {
+            this.#failed('get', t0, err);
+            throw err;
+          }
+          return p.then(() => { this.#done('get', t0, length); }, (err: unknown) => { this.#failed('get', t0, err); throw err; });
+        },
         putParts: (key, parts, options) => this.#count('put', () => inner.putParts(key, parts, options), () => parts.reduce((n, p) => n + p.length, 0)),
       };
     }
@@ -591,32 +602,42 @@ export class InstrumentedObjectStore implements ObjectStore {
     this.#maxInFlight = this.#inFlight;
   }
 
-  #finish(op: StoreOp, t0: number, outcome: StoreOutcome): void {
+  /** A request starts: returns its start time. Each #begin is ended by exactly one #done or #failed. */
+  #begin(op: StoreOp): number {
+    this.#stats[op].requests++;
+    this.#inFlight++;
+    if (this.#inFlight > this.#maxInFlight) this.#maxInFlight = this.#inFlight;
+    return performance.now();
+  }
+
+  #done(op: StoreOp, t0: number, bytes: number): void {
+    this.#inFlight--;
+    this.#stats[op].bytes += bytes;
     const m = this.#metrics[op];
-    m.outcomes[outcome]++;
+    m.bytes += bytes;
+    m.outcomes.ok++;
+    m.seconds.observe((performance.now() - t0) / 1000);
+  }
+
+  #failed(op: StoreOp, t0: number, err: unknown): void {
+    this.#inFlight--;
+    this.#stats[op].errors++;
+    const m = this.#metrics[op];
+    m.outcomes[outcomeOf(err)]++;
     m.seconds.observe((performance.now() - t0) / 1000);
   }
 
   async #count<T>(op: StoreOp, fn: () => Promise<T>, bytesOf: (v: T) => number): Promise<T> {
-    const s = this.#stats[op];
-    s.requests++;
-    this.#inFlight++;
-    if (this.#inFlight > this.#maxInFlight) this.#maxInFlight = this.#inFlight;
-    const t0 = performance.now();
+    const t0 = this.#begin(op);
+    let v: T;
     try {
-      const v = await fn();
-      const n = bytesOf(v);
-      s.bytes += n;
-      this.#metrics[op].bytes += n;
-      this.#finish(op, t0, 'ok');
-      return v;
+      v = await fn();
     } catch (err) {
-      s.errors++;
-      this.#finish(op, t0, outcomeOf(err));
+      this.#failed(op, t0, err);
       throw err;
-    } finally {
-      this.#inFlight--;
     }
+    this.#done(op, t0, bytesOf(v));
+    return v;
   }
 
   get(key: string, range?: ByteRange): Promise<Buffer> {
