@@ -212,29 +212,31 @@ export function createMetricsRegistry(src: MetricsSources, opts: MetricsOptions 
   const layers = (): ReturnType<typeof storeLayers> => storeLayers(src.store);
   new Counter({
     name: 'baton_store_requests_total',
-    help: 'Object-store requests (each attempt of a retried one), by operation and outcome (not_found and precondition_failed are answers: an absent key, a create-only put that lost).',
+    help: 'Object-store requests (each attempt of a retried one), by operation and outcome (not_found and precondition_failed are answers: an absent key, a create-only put that lost). A file: store\'s in-place reads count as get.',
     labelNames: ['op', 'outcome'] as const,
     registers: [reg],
     collect() {
       this.reset();
       const inst = layers().instrumented;
-      if (!inst) return;
-      const m = inst.metrics();
+      const reads = src.store?.local?.reads;
+      if (!inst && !reads) return;
+      const m = inst?.metrics();
       for (const op of STORE_OPS) {
         for (const outcome of STORE_OUTCOMES) {
-          const n = m[op].outcomes[outcome];
+          let n = m ? m[op].outcomes[outcome] : 0;
+          if (op === 'get' && reads) n += outcome === 'ok' ? reads.ok : outcome === 'not_found' ? reads.notFound : outcome === 'error' ? reads.error : 0;
           if (n > 0 || outcome === 'ok') this.inc({ op, outcome }, n);
         }
       }
     },
   });
-  histogram('baton_store_request_duration_seconds', 'Object-store request latency per attempt (a listing: time waiting for the store, all pages).', ['op'], function* () {
+  histogram('baton_store_request_duration_seconds', 'Object-store request latency per attempt (a listing: time waiting for the store, all pages). A file: store\'s in-place reads (page-cache preads of microseconds, one per NBD READ piece) are not timed.', ['op'], function* () {
     const inst = layers().instrumented;
     if (inst) for (const op of STORE_OPS) yield { labels: { op }, h: inst.metrics()[op].seconds };
   });
   new Counter({
-    name: 'baton_store_received_bytes_total', help: 'Object bytes received from the store (get, ranged or whole).', registers: [reg],
-    collect() { this.reset(); const inst = layers().instrumented; if (inst) this.inc(inst.metrics().get.bytes); },
+    name: 'baton_store_received_bytes_total', help: 'Object bytes received from the store (get, ranged or whole; a file: store\'s in-place reads).', registers: [reg],
+    collect() { this.reset(); this.inc((layers().instrumented?.metrics().get.bytes ?? 0) + (src.store?.local?.reads?.bytes ?? 0)); },
   });
   new Counter({
     name: 'baton_store_sent_bytes_total', help: 'Object bytes sent to the store (put).', registers: [reg],

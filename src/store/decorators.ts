@@ -542,9 +542,10 @@ function newOpMetrics(): OpMetrics {
 export class InstrumentedObjectStore implements ObjectStore {
   readonly description: string;
   /**
-   * The inner store's, counted like get (read) and put (putParts): a decorator that only
-   * counts changes nothing about reads and puts, so it passes it on (object-store.ts
-   * LocalObjects); hiding it would switch the engine to its read cache.
+   * The inner store's: a decorator that only counts changes nothing about reads and puts, so
+   * it passes it on (object-store.ts LocalObjects); hiding it would switch the engine to its
+   * read cache. putParts is counted as a put; read() is passed on as it is, counted by the
+   * store that does it (LocalObjects.reads: it is on the path of every NBD READ).
    */
   readonly local?: LocalObjects;
   #stats: Record<StoreOp, OpStats>;
@@ -559,19 +560,9 @@ export class InstrumentedObjectStore implements ObjectStore {
     const inner = next.local;
     if (inner) {
       this.local = {
-        // On the path of every NBD READ of a file: store: one promise reaction, no async frame.
-        read: (key, offset, length, out, outOff) => {
-          const t0 = this.#begin('get');
-          let p: Promise<void>;
-          try {
-            p = inner.read(key, offset, length, out, outOff);
-          } catch (err) {
-            this.#failed('get', t0, err);
-            throw err;
-          }
-          return p.then(() => { this.#done('get', t0, length); }, (err: unknown) => { this.#failed('get', t0, err); throw err; });
-        },
+        read: (key, offset, length, out, outOff) => inner.read(key, offset, length, out, outOff),
         putParts: (key, parts, options) => this.#count('put', () => inner.putParts(key, parts, options), () => parts.reduce((n, p) => n + p.length, 0)),
+        ...(inner.reads ? { reads: inner.reads } : {}),
       };
     }
   }

@@ -90,6 +90,10 @@ needs('nbdcopy')('nbdcopy in and out while /metrics is scraped: bytes written an
   t.true(total(e, 'baton_volume_commit_bytes_total', v) >= size);
   t.is(total(e, 'baton_volume_dirty_bytes', v) + total(e, 'baton_volume_sealed_bytes', v), 0);
   t.true(total(e, 'baton_store_sent_bytes_total') >= size);
+  // The read came from the store's files in place (file: needs no read cache): counted as gets.
+  t.true(total(e, 'baton_store_received_bytes_total') >= size, String(total(e, 'baton_store_received_bytes_total')));
+  t.true(total(e, 'baton_store_requests_total', { op: 'get', outcome: 'ok' }) >= size / (256 * 1024));
+  t.is(total(e, 'baton_cache_fetched_bytes_total'), 0);
   t.true(total(e, 'baton_store_requests_total', { op: 'put', outcome: 'ok' }) >= 3, 'segments of 8 MiB and records');
   t.is(total(e, 'baton_lease_held', v), 1);
 });

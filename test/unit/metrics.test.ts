@@ -27,10 +27,10 @@ import { VolumeExports } from '../../src/exports.js';
 import { DurationHistogram, LATENCY_BOUNDS_SECONDS } from '../../src/histogram.js';
 import { LocalLeaseManager } from '../../src/lease/local.js';
 import { silentLogger } from '../../src/log.js';
-import { createMetricsRegistry, hydrationOf, type MetricsSources } from '../../src/metrics.js';
+import { createMetricsRegistry, hydrationOf, storeLayers, type MetricsSources } from '../../src/metrics.js';
 import { MetricsServer, Readiness, parseMetricsAddress } from '../../src/metrics-server.js';
 import { FaultyObjectStore, InstrumentedObjectStore, RetryingObjectStore, STORE_OPS, STORE_OUTCOMES } from '../../src/store/decorators.js';
-import { LocalDirObjectStore } from '../../src/store/local-dir.js';
+import { openStore } from '../../src/store/open.js';
 import { MemoryObjectStore } from '../../src/store/memory.js';
 import { listAll } from '../../src/store/object-store.js';
 import { StoreCatalog } from '../../src/volume/catalog.js';
@@ -265,25 +265,30 @@ test('cache evictions are counted when a full cache makes room', async (t) => {
   t.is(total(e, 'baton_cache_evictions_total'), 3);
 });
 
-test('InstrumentedObjectStore passes a local store\'s in-place access on (else the engine would switch to its cache) and counts it', async (t) => {
+test('a file: store opened for metrics keeps its in-place access (else the engine would use its cache); in-place reads are counted by the store and exported as gets', async (t) => {
   const dir = await tempDir(t);
-  const inner = new LocalDirObjectStore(path.join(dir, 'store'));
-  t.teardown(() => inner.close());
-  const s = new InstrumentedObjectStore(inner);
-  t.truthy(inner.local);
-  t.truthy(s.local);
-  await s.local!.putParts('vol/x/seg/1', [Buffer.alloc(100, 1), Buffer.alloc(28, 2)]);
+  const store = openStore(`file:${path.join(dir, 'store')}`, { instrument: true });
+  t.teardown(() => store.close());
+  t.truthy(storeLayers(store).instrumented, 'instrumented beneath the settings check');
+  t.truthy(store.local, 'local passed on through the instrumented layer and the settings check');
+  t.truthy(store.local!.reads);
+  await store.local!.putParts('vol/x/seg/1', [Buffer.alloc(100, 1), Buffer.alloc(28, 2)]);
   const out = Buffer.alloc(16);
-  await s.local!.read('vol/x/seg/1', 96, 8, out, 4);
+  await store.local!.read('vol/x/seg/1', 96, 8, out, 4);
   t.deepEqual([...out.subarray(4, 12)], [1, 1, 1, 1, 2, 2, 2, 2]);
-  await t.throwsAsync(s.local!.read('vol/x/absent', 0, 1, out, 0));
-  const m = s.metrics();
-  t.is(m.put.outcomes.ok, 1);
-  t.is(m.put.bytes, 128);
-  t.is(m.get.outcomes.ok, 1);
-  t.is(m.get.outcomes.not_found, 1);
-  t.is(m.get.bytes, 8);
-  t.is(m.get.seconds.count, 2);
+  await t.throwsAsync(store.local!.read('vol/x/absent', 0, 1, out, 0));
+  await t.throwsAsync(store.local!.read('vol/x/seg/1', 120, 16, out, 0)); // past the end
+  t.deepEqual({ ...store.local!.reads! }, { ok: 1, notFound: 1, error: 1, bytes: 8 });
+  const m = storeLayers(store).instrumented!.metrics();
+  // The segment, and the settings the store records at its first write (probe.ts).
+  t.is(m.put.outcomes.ok, 2);
+  t.true(m.put.bytes > 128);
+  const e = parseExposition(await createMetricsRegistry({ store }, { processMetrics: false }).metrics());
+  t.is(total(e, 'baton_store_requests_total', { op: 'get', outcome: 'ok' }), 1 + m.get.outcomes.ok);
+  t.is(total(e, 'baton_store_requests_total', { op: 'get', outcome: 'not_found' }), 1 + m.get.outcomes.not_found);
+  t.is(total(e, 'baton_store_requests_total', { op: 'get', outcome: 'error' }), 1);
+  t.is(total(e, 'baton_store_received_bytes_total'), 8 + m.get.bytes);
+  t.is(total(e, 'baton_store_sent_bytes_total'), m.put.bytes);
   t.is(new InstrumentedObjectStore(new MemoryObjectStore()).local, undefined);
 });
 
