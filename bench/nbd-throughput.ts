@@ -473,6 +473,16 @@ function render(m: ReturnType<typeof machineInfo>, targets: Target[], runs: RunR
     L.push(`the two are measured one after the other in every pass. On ↑ rows a ratio below 1 is what metrics cost; the goal is ≥ ${METRICS_MIN_RATIO} on fio's 4k random I/O.\n`);
     const rows = METRICS.map((mt) => [`${mt.label}, ${mt.unit} ${mt.better === 'higher' ? '↑' : '↓'}`, fmt(a[mt.id]), fmt(b[mt.id]), fmtRatio(ratio(b[mt.id], a[mt.id]))]);
     rows.push(...STEP_NAMES.map((st) => [`server CPU s, ${st} ↓`, fmt(a[`cpu_${st}`]), fmt(b[`cpu_${st}`]), fmtRatio(ratio(b[`cpu_${st}`], a[`cpu_${st}`]))]));
+    // Server CPU per I/O is steadier than IOPS on a shared machine (a pass slowed by another
+    // process's load does fewer I/Os, each costing about the same).
+    for (const [st, id] of [['randread', 'randread_iops'], ['randwrite', 'randwrite_iops']] as const) {
+      const per = (t: string): number => median(runs.filter((r) => r.target === t).map((r) => {
+        const s = r.steps.find((x) => x.step === st);
+        const iops = s?.values[id];
+        return s?.serverCpuS != null && iops ? (s.serverCpuS * 1e6) / (iops * RUNTIME) : NaN;
+      }));
+      rows.push([`server CPU µs per I/O, fio 4k ${st} ↓`, fmt(per(offId)), fmt(per(on.id)), fmtRatio(ratio(per(on.id), per(offId)))]);
+    }
     L.push(markdownTable(['metric', offId, on.id, 'on / off'], rows, ['l', 'r', 'r', 'r']));
     // Each pass's on ÷ off (the two ran back to back): drift in the machine's load moves both.
     const paired = (id: string): string => runs.filter((r) => r.target === on.id).map((r) => {
