@@ -31,15 +31,13 @@
  */
 
 import * as fs from 'node:fs';
-import * as http from 'node:http';
-import * as net from 'node:net';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import { formatSize } from '../src/size.js';
 import {
   RESULTS_DIR, envFlag, envNumber, envSize, fmt, fmtRatio, has, machineInfo, makeRandomFile, makeTempDir,
   goalsTable, markdownTable, median, ratio, ratioGoal, runFio, runNbdcopy, shellQuote, startBaton, startNbdkit, summarizeCpuProfile,
-  writeResults, type FioJob, type GoalRow, type ProfileEntry, type Server,
+  writeResults, freeTcpPort, startMetricsScraper, type FioJob, type GoalRow, type ProfileEntry, type ScrapeRecord, type Scraper, type Server,
 } from './lib.js';
 
 const SIZE = envSize('SIZE', '1G');
@@ -110,19 +108,6 @@ interface StepRecord {
   error?: string;
   /** fio's job object. */
   fio?: Record<string, unknown>;
-}
-
-/** What the scraper of a `+metrics` pass saw. */
-interface ScrapeRecord {
-  scrapes: number;
-  errors: number;
-  /** Time per scrape (request to last byte), ms. */
-  msP50: number;
-  msMax: number;
-  /** Size of one /metrics answer, bytes (the last). */
-  bytes: number;
-  /** baton_nbd_requests_total summed over the last scrape: the counters were live. */
-  requestsCounted: number;
 }
 
 interface RunRecord {
@@ -220,61 +205,6 @@ async function runSteps(defs: StepDef[], server: Server | null, log: (s: string)
   return out;
 }
 
-/** A TCP port nothing listens on now (for serve --metrics: its log level here hides the port it would print). */
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const s = net.createServer();
-    s.once('error', reject);
-    s.listen(0, '127.0.0.1', () => {
-      const port = (s.address() as net.AddressInfo).port;
-      s.close(() => resolve(port));
-    });
-  });
-}
-
-interface Scraper { stop(): Promise<ScrapeRecord> }
-
-/** GET /metrics every SCRAPE_EVERY_MS (as a Prometheus server would, more often) until stopped. */
-function startScraper(port: number): Scraper {
-  const ms: number[] = [];
-  let errors = 0;
-  let last = '';
-  let stopped = false;
-  const get = (): Promise<string> => new Promise((resolve, reject) => {
-    const req = http.get({ host: '127.0.0.1', port, path: '/metrics', agent: false }, (res) => {
-      let body = '';
-      res.setEncoding('utf8');
-      res.on('data', (d: string) => { body += d; });
-      res.on('end', () => (res.statusCode === 200 ? resolve(body) : reject(new Error(`status ${res.statusCode}`))));
-      res.on('error', reject);
-    });
-    req.on('error', reject);
-    req.setTimeout(10_000, () => req.destroy(new Error('no answer in 10 s')));
-  });
-  const loop = (async () => {
-    while (!stopped) {
-      const t0 = performance.now();
-      try {
-        last = await get();
-        ms.push(performance.now() - t0);
-      } catch {
-        errors++;
-      }
-      await new Promise((r) => setTimeout(r, SCRAPE_EVERY_MS));
-    }
-  })();
-  return {
-    async stop() {
-      stopped = true;
-      await loop;
-      try { last = await get(); } catch { errors++; }
-      let requestsCounted = 0;
-      for (const line of last.split('\n')) if (line.startsWith('baton_nbd_requests_total{')) requestsCounted += Number(line.slice(line.lastIndexOf(' ') + 1));
-      return { scrapes: ms.length, errors, msP50: median(ms), msMax: ms.length ? Math.max(...ms) : NaN, bytes: Buffer.byteLength(last), requestsCounted };
-    },
-  };
-}
-
 /** An empty sparse file of `size` bytes (nbdkit file's image); returns its path. */
 function makeSparseFile(p: string, size: number): string {
   fs.closeSync(fs.openSync(p, 'w'));
@@ -339,7 +269,7 @@ async function main(): Promise<void> {
         let server: Server | null = null;
         let scraper: Scraper | null = null;
         try {
-          const metricsPort = target.metrics ? await freePort() : 0;
+          const metricsPort = target.metrics ? await freeTcpPort() : 0;
           server = target.kind === 'baton'
             ? await startBaton({
               dir, volume: VOLUME, size: SIZE, store: target.store ?? 'memory:',
@@ -348,7 +278,7 @@ async function main(): Promise<void> {
             })
             : await startNbdkit({ dir, plugin: target.store === 'file' ? ['file', makeSparseFile(path.join(dir, 'nbdkit.img'), SIZE)] : ['memory', String(SIZE)] });
           rec.serverArgv = server.argv;
-          if (target.metrics) scraper = startScraper(metricsPort);
+          if (target.metrics) scraper = startMetricsScraper(metricsPort, SCRAPE_EVERY_MS);
           rec.steps = await runSteps(steps(rnd.path, { uri: server.uri }, dir), server, log);
           if (scraper) {
             rec.scrape = await scraper.stop();
