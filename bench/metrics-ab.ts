@@ -56,8 +56,11 @@ async function main(): Promise<void> {
     const scraper = { current: null as ReturnType<typeof startMetricsScraper> | null };
     const samples: Sample[] = [];
     try {
-      servers.off = await startBaton({ dir: makeTempDir('baton-bench-ab-'), volume: 'ab', size: SIZE, store });
-      servers.on = await startBaton({ dir: makeTempDir('baton-bench-ab-'), volume: 'ab', size: SIZE, store, extraArgs: ['--metrics', `127.0.0.1:${port}`] });
+      // A long idle grace on both: each side is idle while the other is measured, and a volume
+      // closed after 5 s idle would be reopened (recovered) at every run, and its series reset.
+      const common = ['--idle-grace', '3600'];
+      servers.off = await startBaton({ dir: makeTempDir('baton-bench-ab-'), volume: 'ab', size: SIZE, store, extraArgs: common });
+      servers.on = await startBaton({ dir: makeTempDir('baton-bench-ab-'), volume: 'ab', size: SIZE, store, extraArgs: [...common, '--metrics', `127.0.0.1:${port}`] });
       for (const side of ['off', 'on'] as const) await runNbdcopy(rnd.path, servers[side]!.uri, SIZE, { flush: true });
       scraper.current = startMetricsScraper(port, 1000);
       for (let round = 0; round < ROUNDS; round++) {
@@ -90,7 +93,7 @@ async function main(): Promise<void> {
   const L: string[] = [];
   L.push('# serve --metrics on vs off, interleaved\n');
   L.push(`${machine.date.slice(0, 16).replace('T', ' ')} UTC on \`${machine.hostname}\`: ${machine.nproc} cores (${machine.cpuModel}), node ${machine.node}, ${machine.fio ?? 'fio ?'}, baton ${machine.batonCommit ?? '?'}; load average ${machine.loadavgAtStart.join(' ')} at the start, ${os.loadavg().map((x) => x.toFixed(2)).join(' ')} at the end; ${((Date.now() - started) / 1000).toFixed(0)} s.`);
-  L.push(`Per store two servers side by side (\`baton serve --store STORE\`, and the same with \`--metrics 127.0.0.1:PORT\` scraped every second), ${formatSize(SIZE)} volumes filled by nbdcopy; ${ROUNDS} rounds, each a ${RUNTIME} s \`fio --ioengine=nbd --bs=4k --iodepth=32\` run per workload on each side, the order alternating. Ratios are on ÷ off of each round's pair.\n`);
+  L.push(`Per store two servers side by side (\`baton serve --store STORE --idle-grace 3600\`, and the same with \`--metrics 127.0.0.1:PORT\` scraped every second), ${formatSize(SIZE)} volumes filled by nbdcopy; ${ROUNDS} rounds, each a ${RUNTIME} s \`fio --ioengine=nbd --bs=4k --iodepth=32\` run per workload on each side, the order alternating. Ratios are on ÷ off of each round's pair.\n`);
   const rows: string[][] = [];
   for (const { store, samples } of results) {
     for (const rw of WORKLOADS) {
