@@ -203,8 +203,13 @@ export class NbdTls {
       const names = certificateNames(cert);
       const who = names[0] ?? 'no certificate';
       if (!s.authorized) {
+        // Node reports a missing certificate as UNABLE_TO_GET_ISSUER_CERT; say what happened.
+        const none = !cert || Object.keys(cert).length === 0;
+        const why = none
+          ? 'the client sent none (GnuTLS clients, as libnbd, qemu and nbd-client, send one only if it is issued by a CA in ca-cert.pem)'
+          : String(s.authorizationError ?? 'not verified');
         s.destroy();
-        p.reject(new TlsError(`client certificate refused: ${s.authorizationError ? String(s.authorizationError) : 'none sent'}`, names.length ? `x509:${who}` : undefined));
+        p.reject(new TlsError(`client certificate refused: ${why}`, names.length ? `x509:${who}` : undefined));
         return;
       }
       identity = { kind: 'x509', names, display: `x509:${who}` };
