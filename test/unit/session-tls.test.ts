@@ -447,6 +447,22 @@ test('PSK: the right key gets in as psk:IDENTITY (TLS 1.3); a wrong key and an u
   t.is(provider.opens, 1, 'only the client with the right key attached');
 });
 
+test('TLS 1.2 (the spec\'s minimum) still works, with certificates and with PSK; TLS 1.1 does not', async (t) => {
+  const x = await start(t, { tls: new NbdTls('require', x509(false)) });
+  const c1 = await x.connect();
+  const s1 = await c1.starttls({ ...trustCa(), maxVersion: 'TLSv1.2' });
+  t.is(s1.getProtocol(), 'TLSv1.2');
+  t.deepEqual(types(await c1.go('disk')), [REP.INFO, REP.ACK]);
+  const p = await start(t, { tls: new NbdTls('require', psk({ alice: KEY_A })) });
+  const c2 = await p.connect();
+  const s2 = await c2.starttls({ ...withPsk('alice', KEY_A), maxVersion: 'TLSv1.2', ciphers: 'PSK-AES128-GCM-SHA256:ECDHE-PSK-AES128-CBC-SHA256' });
+  t.is(s2.getProtocol(), 'TLSv1.2');
+  t.regex(s2.getCipher().name, /PSK/);
+  t.deepEqual(types(await c2.go('disk')), [REP.INFO, REP.ACK]);
+  const c3 = await x.connect();
+  await t.throwsAsync(c3.starttls({ ...trustCa(), minVersion: 'TLSv1', maxVersion: 'TLSv1.1' }));
+});
+
 test('a certificate client on a PSK server is refused with a message that says so', async (t) => {
   const s = await start(t, { tls: new NbdTls('require', psk({ alice: KEY_A })) });
   const c = await s.connect();
