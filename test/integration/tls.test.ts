@@ -193,6 +193,22 @@ needs('nbdinfo', 'nbdcopy', 'qemu-io')('PSK: nbdinfo and nbdcopy with tls-psk-fi
   assertCleanLog(t, s.stderr());
 });
 
+needs('nbdinfo', 'qemu-io')('--tls on: a plaintext client and a TLS client are both served (and only the TLS one logs a session)', async (t) => {
+  const s = await startTls(t, ['--tls', 'on', '--tls-certificates', PKI_OK.server]);
+  const plain = await run('nbdinfo', ['--json', `nbd+unix:///vol?socket=${s.socket}`]);
+  check(t, plain, 'plaintext nbdinfo');
+  t.false((JSON.parse(plain.stdout) as { TLS: boolean }).TLS);
+  t.is(established(s.stderr()).length, 0, 'the plaintext client made no TLS session');
+  const q = await qemuIo(qemuTls(s, 'vol', { x509: PKI_OK.alice }), ['write -P 0x21 0 64k', 'read -P 0x21 0 64k']);
+  t.is(q.code, 0, q.output);
+  t.is(established(s.stderr()).length, 1);
+  const enc = await run('nbdinfo', ['--json', certUri(s, 'vol', PKI_OK.alice)]);
+  check(t, enc, 'nbdinfo over TLS');
+  t.true((JSON.parse(enc.stdout) as { TLS: boolean }).TLS);
+  t.true(established(s.stderr()).length >= 2);
+  assertCleanLog(t, s.stderr());
+});
+
 // ================================================================== nbd-client (negotiation only here)
 
 interface TcpServer { port: number; log(): string; stop(): Promise<number | null> }

@@ -493,6 +493,24 @@ test('rotation: new credentials apply to new handshakes; an established TLS conn
   t.throws(() => nbdTls.setCredentials(x509(false)), { message: /same kind/ });
 });
 
+test('rotation of certificates: new handshakes get the new server certificate (a client that trusts only the old CA is refused by its own check), the established session goes on', async (t) => {
+  const nbdTls = new NbdTls('require', x509(false));
+  const s = await start(t, { tls: nbdTls });
+  const old = await s.connect();
+  await old.starttls(trustCa());
+  t.deepEqual(types(await old.go('disk')), [REP.INFO, REP.ACK]);
+  const ca2 = makeCa(path.join(PKI, 'ca2'), 'rotated CA');
+  const server2 = makeServerDir(ca2, path.join(PKI, 'server2'));
+  nbdTls.setCredentials(loadTlsCredentials({ certificatesDir: server2 }));
+  await roundTrip(t, old, 128 * 1024, 5);
+  const stale = await s.connect();
+  await t.throwsAsync(stale.starttls(trustCa()), { message: /unable to get local issuer|self[- ]signed|unable to verify/i });
+  const fresh = await s.connect();
+  const sock = await fresh.starttls({ ca: fs.readFileSync(ca2.cert), servername: 'localhost' });
+  t.is(sock.getPeerCertificate().issuer?.CN, 'rotated CA');
+  t.deepEqual(types(await fresh.go('disk')), [REP.INFO, REP.ACK]);
+});
+
 test('failures are per connection: while one client stalls in its TLS handshake and others fail theirs, another attaches and works', async (t) => {
   const s = await start(t, { tls: new NbdTls('require', x509(true)), handshakeTimeoutMs: 1500 });
   const stalled = await s.connect();
