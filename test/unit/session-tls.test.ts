@@ -20,7 +20,7 @@ import * as path from 'node:path';
 import { Writable, type Duplex } from 'node:stream';
 import * as tls from 'node:tls';
 import { pino } from 'pino';
-import type { ExportHandle, ExportProvider, ExportSummary } from '../../nbd/backend.js';
+import type { ExportHandle, ExportProvider, ExportSummary, Lent } from '../../nbd/backend.js';
 import { DEFAULT_SESSION_OPTIONS, NbdSession, type SessionOptions } from '../../nbd/session.js';
 import { NbdTls, type ClientIdentity, type TlsCredentials } from '../../nbd/tls.js';
 import { AuthzPolicy, authorizedExports } from '../../src/authz.js';
@@ -59,12 +59,24 @@ const psk = (entries: Record<string, Buffer>): TlsCredentials => ({ psk: new Map
 
 // ------------------------------------------------------------------ a provider that counts what it is asked
 
+/** Reads that take a while, so requests are still in flight when the client half-closes. */
+class SlowReads extends MemoryBackend {
+  override async read(offset: number, length: number, into?: Buffer): Promise<Buffer> {
+    await sleep(50);
+    return super.read(offset, length, into);
+  }
+  override async readLent(offset: number, length: number): Promise<Lent> {
+    await sleep(50);
+    return super.readLent(offset, length);
+  }
+}
+
 class CountingExports implements ExportProvider {
   lists = 0;
   opens = 0;
   readonly backends = new Map<string, MemoryBackend>();
-  constructor(names = ['disk']) {
-    for (const n of names) this.backends.set(n, new MemoryBackend(SIZE));
+  constructor(names = ['disk'], slowReads = false) {
+    for (const n of names) this.backends.set(n, slowReads ? new SlowReads(SIZE) : new MemoryBackend(SIZE));
   }
   async list(): Promise<ExportSummary[]> {
     this.lists++;
@@ -219,7 +231,8 @@ async function start(t: ExecutionContext, opts: Partial<SessionOptions>, provide
   const { log, lines } = captureLog();
   const runs: Promise<void>[] = [];
   let n = 0;
-  const server = net.createServer((sock) => {
+  // As NbdServer: half-open capable sockets (the TLS socket inherits this from the one it wraps).
+  const server = net.createServer({ allowHalfOpen: true }, (sock) => {
     const session = new NbdSession(sock, provider, { ...DEFAULT_SESSION_OPTIONS, log: log.child({ conn: ++n }), ...opts });
     runs.push(session.run());
   });
@@ -379,6 +392,24 @@ test('handshake timeout covers TLS: a client silent after the ACK, and one that 
   const timeouts = s.lines.filter((l) => l.msg === 'handshake timed out; closing connection');
   t.is(timeouts.length, 2);
   t.is(refusals(s.lines).length, 0, 'the timeout is the one line logged for each');
+});
+
+test('over TLS a client may half-close right after its last requests (close_notify + FIN, as libnbd after DISC): every reply still arrives', async (t) => {
+  const s = await start(t, { tls: new NbdTls('require', x509(false)) }, new CountingExports(['disk'], true));
+  const c = await s.connect();
+  const sock = await c.starttls(trustCa());
+  t.deepEqual(types(await c.go('disk')), [REP.INFO, REP.ACK]);
+  const n = 16;
+  const frames: Buffer[] = [];
+  for (let i = 0; i < n; i++) frames.push(V.requestFrame({ type: CMD.READ, flags: 0, cookie: V.cookieOf(100 + i), offset: BigInt(i * 65536), length: 65536 }));
+  frames.push(V.requestFrame({ type: 2 /* DISC */, flags: 0, cookie: V.cookieOf(999), offset: 0n, length: 0 }));
+  sock.end(Buffer.concat(frames));
+  for (let i = 0; i < n; i++) {
+    const r = await c.simpleReply();
+    t.deepEqual(r, { magic: SIMPLE_MAGIC, error: 0 });
+    t.is((await c.read(65536)).length, 65536);
+  }
+  t.true(await c.waitEof());
 });
 
 // ================================================================== X.509
