@@ -19,6 +19,10 @@
  * every upgrade would fail with TlsError "internal error: ..." (and the unit tests in
  * test/unit/session-tls.test.ts fail), never a session given to the wrong connection.
  *
+ * The TLS socket inherits allowHalfOpen from the socket it wraps (NbdServer's are half-open
+ * capable), so a client that sends close_notify and FIN after its last requests still gets
+ * every reply, as over plaintext (test/unit/session-tls.test.ts, "half-close").
+ *
  * Who the client is (ClientIdentity): with PSK the identity it proved it has the key of;
  * with --tls-verify-peer its certificate's subject CN and subjectAltName entries, after
  * OpenSSL verified it against the CA (and CRL); otherwise nobody in particular.
