@@ -164,6 +164,9 @@ export class NbdTls {
   upgrade(raw: Duplex): Promise<TlsUpgrade> {
     if (!(raw instanceof net.Socket)) return Promise.reject(new TlsError('internal error: STARTTLS needs a net.Socket'));
     if (this.pending.has(raw)) return Promise.reject(new TlsError('internal error: a second TLS upgrade of one socket'));
+    // Its 'close' may be past already (a client that hung up right after STARTTLS): nothing
+    // would ever settle the promise below.
+    if (raw.destroyed) return Promise.reject(new TlsError('the client closed the connection before the TLS handshake'));
     return new Promise<TlsUpgrade>((resolve, reject) => {
       this.pending.set(raw, { resolve, reject });
       // Neither event comes if the plaintext socket goes away first (Node emits tlsClientError

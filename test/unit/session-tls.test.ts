@@ -412,6 +412,19 @@ test('over TLS a client may half-close right after its last requests (close_noti
   t.true(await c.waitEof());
 });
 
+test('upgrading a socket that is already closed rejects at once (a client that hung up right after STARTTLS never leaves a session waiting)', async (t) => {
+  const nbdTls = new NbdTls('require', x509(false));
+  const server = net.createServer((sock) => sock.destroy());
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  t.teardown(() => new Promise<void>((resolve) => server.close(() => resolve())));
+  const sock = net.connect((server.address() as net.AddressInfo).port, '127.0.0.1');
+  await new Promise<void>((resolve) => sock.once('connect', resolve));
+  sock.destroy();
+  await new Promise<void>((resolve) => sock.once('close', () => resolve()));
+  const r = await Promise.race([nbdTls.upgrade(sock).then(() => 'resolved', (e: Error) => e.message), sleep(2000).then(() => 'still waiting')]);
+  t.is(r, 'the client closed the connection before the TLS handshake');
+});
+
 // ================================================================== X.509
 
 test('--tls-verify-peer: a certificate signed by the CA gets in, its CN and subjectAltNames become the identity', async (t) => {
