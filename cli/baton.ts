@@ -120,6 +120,8 @@ function volumeJson(v: StoreVolumeInfo): Record<string, unknown> {
     ...(v.parent ? { parent: v.parent } : {}),
     ...(v.snapshotOf ? { snapshotOf: v.snapshotOf } : {}),
     ...(v.writtenBytes !== undefined ? { writtenBytes: v.writtenBytes, exclusiveBytes: v.exclusiveBytes, sharedBytes: v.sharedBytes } : {}),
+    ...(v.writtenStoredBytes !== undefined ? { writtenStoredBytes: v.writtenStoredBytes, exclusiveStoredBytes: v.exclusiveStoredBytes, sharedStoredBytes: v.sharedStoredBytes } : {}),
+    ...(v.data ? { data: v.data } : {}),
   };
 }
 
@@ -173,6 +175,8 @@ withStore(program.command('serve')
   .option('--hydrate-concurrency <n>', 'hydration GETs in flight per volume (its share of the store\'s bandwidth; guest reads never wait behind them)', positiveIntArg, DEFAULT_HYDRATE_CONCURRENCY)
   .addOption(new Option('--hydrate-max <size>', 'fetch at most this much per volume (default three quarters of --cache-size)').argParser(sizeArg))
   .addOption(durationOption('--stats-interval <duration>', 'log RSS, heap, event-loop delay (p50/p99/max since the last line) and read-cache counters at info level this often (0: never)', 0))
+  .option('--key-file <file>', 'master key of encrypted volumes (32 bytes, raw, hex or base64); or BATON_KEY_FILE / BATON_KEY in the environment')
+  .option('--no-compress', 'store new data uncompressed (every volume served; it is still framed and checksummed)')
   .option('--log-level <level>', LOG_LEVELS.join(', '), process.env.BATON_LOG_LEVEL ?? 'info')
   .addHelpText('after', `
 Examples:
@@ -189,10 +193,13 @@ a fork's first attach, a restart) fetches those parts into its read cache in the
 background, most recently used first, within --hydrate-max and --hydrate-concurrency; a
 host waiting for another to hand a volume over starts while it waits. A file: store needs
 none (its objects are read in place). baton status shows its progress.`)
-  .action(async (opts: StoreFlags & LeaseFlags & { listen: string; socket?: string; cacheDir: string; cacheSize: number; readOnly?: boolean; create?: string; size?: number; handshakeTimeout: number; maxConnections: number; idleGrace: number; logLevel: string; onHeld: OnHeld; heldWait: number; gcInterval: number; gcGrace: number; compactBelow: number; statsInterval: number; hydrate: HydrateMode; hydrateConcurrency: number; hydrateMax?: number }) => {
+  .action(async (opts: StoreFlags & LeaseFlags & { listen: string; socket?: string; cacheDir: string; cacheSize: number; readOnly?: boolean; create?: string; size?: number; handshakeTimeout: number; maxConnections: number; idleGrace: number; logLevel: string; onHeld: OnHeld; heldWait: number; gcInterval: number; gcGrace: number; compactBelow: number; statsInterval: number; hydrate: HydrateMode; hydrateConcurrency: number; hydrateMax?: number; keyFile?: string; compress: boolean }) => {
     const log = makeLogger(opts.logLevel);
     if (opts.size !== undefined && !opts.create) throw new InvalidArgumentError('--size is the size of the volume --create NAME makes; without --create it would do nothing (volumes are made with baton create NAME --size SIZE)');
-    const catalog = catalogFor(opts, { log, cacheDir: opts.cacheDir, cacheSize: opts.cacheSize, retry: { budgetMs: DEFAULT_RETRY_BUDGET_MS } });
+    const catalog = catalogFor(opts, {
+      log, cacheDir: opts.cacheDir, cacheSize: opts.cacheSize, retry: { budgetMs: DEFAULT_RETRY_BUDGET_MS },
+      ...(opts.keyFile !== undefined ? { keyFile: opts.keyFile } : {}), ...(opts.compress ? {} : { volume: { compress: false } }),
+    });
     if (catalog instanceof StoreCatalog) await checkCacheDir(catalog, opts.cacheDir);
     const cache = catalog instanceof StoreCatalog ? await catalog.readCache() : null;
     if (opts.statsInterval > 0) logProcessStats(opts.statsInterval, log, () => cache?.stats);
@@ -241,13 +248,25 @@ withStore(program.command('create')
   .description('create a volume')
   .argument('<name>', 'volume name (letters, digits, . _ -)'))
   .requiredOption('--size <size>', 'logical size, e.g. 10G, 512M', sizeArg)
+  .addOption(new Option('--compression <codec>', 'compress its data (per 32 KiB frame; frames that do not shrink are stored as they are)').choices(['lz4', 'none']).default('lz4'))
+  .option('--encrypt', 'encrypt its data at rest (AES-256-GCM) with a data key of its own, wrapped by the master key (--key-file)')
+  .option('--key-file <file>', 'master key for --encrypt (32 bytes, raw, hex or base64); or BATON_KEY_FILE / BATON_KEY in the environment')
+  .addOption(new Option('--data-format <format>', 'framed (checksummed frames) or raw (the layout before frames: no checksums; tests and benchmarks)').choices(['framed', 'raw']).default('framed').hideHelp())
   .option('--json', 'print the new volume as JSON')
   .addHelpText('after', `
 Examples:
   $ baton create work --size 10G
-  $ baton create scratch --size 512M --store file:/tmp/baton --json`)
-  .action(async (name: string, opts: StoreFlags & { size: number; json?: boolean }) => {
-    const v = await catalogFor(opts).create(name, opts.size);
+  $ baton create scratch --size 512M --store file:/tmp/baton --json
+  $ head -c 32 /dev/urandom > ~/.baton.key && chmod 600 ~/.baton.key
+  $ baton create secret --size 10G --encrypt --key-file ~/.baton.key
+
+Data is stored in checksummed frames: a damaged or foreign object is an I/O error, never wrong
+data. An encrypted volume (and every fork of it: forks get a data key of their own, so forking
+needs the key too, from BATON_KEY_FILE or BATON_KEY) is served only by a process given its
+master key: baton serve --key-file FILE. Metadata (names, sizes, which ranges were written,
+compressed sizes, timing) is not encrypted.`)
+  .action(async (name: string, opts: StoreFlags & { size: number; json?: boolean; compression: 'lz4' | 'none'; encrypt?: boolean; keyFile?: string; dataFormat: 'framed' | 'raw' }) => {
+    const v = await catalogFor(opts, opts.keyFile !== undefined ? { keyFile: opts.keyFile } : {}).create(name, opts.size, { compression: opts.compression, encrypt: !!opts.encrypt, format: opts.dataFormat });
     // memory: and ram: live in this process: the volume is gone as soon as we exit.
     const gone = isProcessLocalStore(opts.store)
       ? `${opts.store} keeps volumes only while the process that made them runs, so ${v.name} is gone now that baton create exits; `
@@ -280,6 +299,7 @@ withStore(program.command('info')
     const c = catalogFor(opts);
     const v: StoreVolumeInfo = c instanceof StoreCatalog ? await c.infoWithAccounting(name) : await c.info(name);
     if (opts.json) { printJson(volumeJson(v)); return; }
+    const stored = (n: number | undefined): string => (n === undefined ? '' : ` (${formatSize(n)} stored)`);
     const lines = [
       `name:      ${v.name}${v.kind === 'snapshot' ? ' (snapshot, read-only)' : ''}`,
       ...(v.snapshotOf ? [`of:        ${v.snapshotOf.volume !== null
@@ -287,7 +307,8 @@ withStore(program.command('info')
         : `a removed volume${v.snapshotOf.id ? ` (id ${v.snapshotOf.id})` : ''}, not any volume named ${v.name.slice(0, v.name.indexOf('@'))} now`}`] : []),
       `size:      ${formatSize(v.size)} (${v.size} bytes)`,
       `stored:    ${formatSize(v.storedBytes)} under its own prefix`,
-      ...(v.writtenBytes !== undefined ? [`written:   ${formatSize(v.writtenBytes)} mapped`, `exclusive: ${formatSize(v.exclusiveBytes ?? 0)} (freed if it is removed)`, `shared:    ${formatSize(v.sharedBytes ?? 0)} with forks and snapshots`] : []),
+      ...(v.writtenBytes !== undefined ? [`written:   ${formatSize(v.writtenBytes)} mapped${stored(v.writtenStoredBytes)}`, `exclusive: ${formatSize(v.exclusiveBytes ?? 0)}${stored(v.exclusiveStoredBytes)} (freed if it is removed)`, `shared:    ${formatSize(v.sharedBytes ?? 0)}${stored(v.sharedStoredBytes)} with forks and snapshots`] : []),
+      ...(v.data ? [`data:      ${v.data.format}, compression ${v.data.compression}${v.data.encrypted ? `, encrypted (master key id ${v.data.keyId})` : ''}`] : []),
       ...(v.parent ? [`forked:    from volume id ${v.parent.id} at log record ${v.parent.seq}`] : []),
       `created:   ${v.createdAt}`,
       `store:     ${opts.store}`,
