@@ -19,6 +19,7 @@
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { randomFillSync } from 'node:crypto';
 import * as fs from 'node:fs';
+import * as http from 'node:http';
 import * as net from 'node:net';
 import * as os from 'node:os';
 import * as path from 'node:path';
@@ -1116,5 +1117,75 @@ export function slowdownGoal(goal: string, batonSeconds: number | undefined, pee
   return {
     goal, baton: `${fmt(batonSeconds)} s`, peer: `${peerName} ${fmt(peerSeconds)} s`,
     result: `${fmtRatio(r)} the time`, target: `≤ ${max}×`, pass: Number.isFinite(r) ? r <= max : null,
+  };
+}
+
+// ------------------------------------------------------------------ serve --metrics
+
+/** A TCP port nothing listens on now (for serve --metrics: the bench's log level hides the port serve would print). */
+export function freeTcpPort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const s = net.createServer();
+    s.once('error', reject);
+    s.listen(0, '127.0.0.1', () => {
+      const port = (s.address() as net.AddressInfo).port;
+      s.close(() => resolve(port));
+    });
+  });
+}
+
+/** What a scraper of serve --metrics saw. */
+export interface ScrapeRecord {
+  scrapes: number;
+  errors: number;
+  /** Time per scrape (request to last byte), ms. */
+  msP50: number;
+  msMax: number;
+  /** Size of one /metrics answer, bytes (the last). */
+  bytes: number;
+  /** baton_nbd_requests_total summed over the last scrape: the counters were live. */
+  requestsCounted: number;
+}
+
+export interface Scraper { stop(): Promise<ScrapeRecord> }
+
+/** GET /metrics of 127.0.0.1:port every `everyMs` (as a Prometheus server would) until stopped; stop() scrapes once more and sums up. */
+export function startMetricsScraper(port: number, everyMs: number): Scraper {
+  const ms: number[] = [];
+  let errors = 0;
+  let last = '';
+  let stopped = false;
+  const get = (): Promise<string> => new Promise((resolve, reject) => {
+    const req = http.get({ host: '127.0.0.1', port, path: '/metrics', agent: false }, (res) => {
+      let body = '';
+      res.setEncoding('utf8');
+      res.on('data', (d: string) => { body += d; });
+      res.on('end', () => (res.statusCode === 200 ? resolve(body) : reject(new Error(`status ${res.statusCode}`))));
+      res.on('error', reject);
+    });
+    req.on('error', reject);
+    req.setTimeout(10_000, () => req.destroy(new Error('no answer in 10 s')));
+  });
+  const loop = (async () => {
+    while (!stopped) {
+      const t0 = performance.now();
+      try {
+        last = await get();
+        ms.push(performance.now() - t0);
+      } catch {
+        errors++;
+      }
+      await new Promise((r) => setTimeout(r, everyMs));
+    }
+  })();
+  return {
+    async stop() {
+      stopped = true;
+      await loop;
+      try { last = await get(); } catch { errors++; }
+      let requestsCounted = 0;
+      for (const line of last.split('\n')) if (line.startsWith('baton_nbd_requests_total{')) requestsCounted += Number(line.slice(line.lastIndexOf(' ') + 1));
+      return { scrapes: ms.length, errors, msP50: median(ms), msMax: ms.length ? Math.max(...ms) : NaN, bytes: Buffer.byteLength(last), requestsCounted };
+    },
   };
 }

@@ -22,9 +22,12 @@
  * Knobs (environment): SIZE (1G), RUNTIME (fio seconds, 10), REPEAT (1), BATON_STORES
  * (`ram:,file:`), LOCAL (1: also measure the local disk), PROFILE (0: 1 runs baton under
  * `node --cpu-prof` and lists the hottest functions; the numbers of such a run are not
- * comparable).
+ * comparable), METRICS (0: 1 also measures every baton store with `serve --metrics`, scraped
+ * once a second as Prometheus would, next to the same store without, in the same run: issue
+ * 14's overhead bound), PEERS (1: 0 leaves the nbdkit peers out).
  * Results: bench/results/nbd-throughput.md (tables) and .json (everything, incl. raw fio jobs
- * and the goal rows); with PROFILE=1 nbd-throughput-profile.md/.json instead.
+ * and the goal rows); with PROFILE=1 nbd-throughput-profile.md/.json, with METRICS=1
+ * nbd-throughput-metrics.md/.json instead.
  */
 
 import * as fs from 'node:fs';
@@ -34,7 +37,7 @@ import { formatSize } from '../src/size.js';
 import {
   RESULTS_DIR, envFlag, envNumber, envSize, fmt, fmtRatio, has, machineInfo, makeRandomFile, makeTempDir,
   goalsTable, markdownTable, median, ratio, ratioGoal, runFio, runNbdcopy, shellQuote, startBaton, startNbdkit, summarizeCpuProfile,
-  writeResults, type FioJob, type GoalRow, type ProfileEntry, type Server,
+  writeResults, freeTcpPort, startMetricsScraper, type FioJob, type GoalRow, type ProfileEntry, type ScrapeRecord, type Scraper, type Server,
 } from './lib.js';
 
 const SIZE = envSize('SIZE', '1G');
@@ -42,6 +45,12 @@ const RUNTIME = envNumber('RUNTIME', 10);
 const REPEAT = Math.max(1, Math.floor(envNumber('REPEAT', 1)));
 const LOCAL = envFlag('LOCAL', true);
 const PROFILE = envFlag('PROFILE', false);
+const WITH_METRICS = envFlag('METRICS', false);
+const PEERS = envFlag('PEERS', true);
+/** How often the bench scrapes /metrics of a `+metrics` target (Prometheus's default is 15 s: this is 15 times as often). */
+const SCRAPE_EVERY_MS = 1000;
+/** Issue 14: metrics on may cost at most this much of fio 4k random I/O (on ÷ off ≥ it). */
+const METRICS_MIN_RATIO = 0.97;
 const VOLUME = 'bench';
 const BATON_STORES = (process.env.BATON_STORES || 'ram:,file:').split(',').map((x) => x.trim()).filter(Boolean);
 
@@ -51,6 +60,8 @@ interface Target {
   kind: 'baton' | 'nbdkit' | 'local';
   /** baton: its --store; nbdkit: its plugin (memory or file). */
   store?: string;
+  /** baton with `serve --metrics`, scraped every SCRAPE_EVERY_MS while measured. */
+  metrics?: boolean;
 }
 
 /** The natural peer of a baton store: nbdkit's plugin that does the same job. */
@@ -102,6 +113,9 @@ interface StepRecord {
 interface RunRecord {
   target: string;
   repeat: number;
+  /** Load average (1, 5, 15 min) when this pass started. */
+  loadavg: number[];
+  scrape?: ScrapeRecord;
   serverArgv: string[] | null;
   steps: StepRecord[];
   profileTop?: ProfileEntry[];
@@ -219,17 +233,18 @@ async function main(): Promise<void> {
   const haveNbdkit = has('nbdkit');
   if (!haveNbdkit) log('nbdkit is not installed: no peer columns, no ratios (Debian: apt-get install nbdkit)');
 
-  // Each baton store, then its peer right after it (once per plugin).
+  // Each baton store (and with METRICS the same with --metrics), then its peer right after it (once per plugin).
   const nbdTargets: Target[] = [];
   for (const store of BATON_STORES) {
     nbdTargets.push({ id: `baton ${store}`, kind: 'baton', store });
+    if (WITH_METRICS) nbdTargets.push({ id: `baton ${store} +metrics`, kind: 'baton', store, metrics: true });
     const plugin = peerPlugin(store);
-    if (haveNbdkit && !nbdTargets.some((t) => t.kind === 'nbdkit' && t.store === plugin)) nbdTargets.push({ id: `nbdkit ${plugin}`, kind: 'nbdkit', store: plugin });
+    if (haveNbdkit && PEERS && !nbdTargets.some((t) => t.kind === 'nbdkit' && t.store === plugin)) nbdTargets.push({ id: `nbdkit ${plugin}`, kind: 'nbdkit', store: plugin });
   }
 
   const machine = machineInfo();
   const started = Date.now();
-  log(`nbd-throughput: SIZE=${formatSize(SIZE)} RUNTIME=${RUNTIME}s REPEAT=${REPEAT} BATON_STORES=${BATON_STORES.join(',')} LOCAL=${LOCAL ? 1 : 0} PROFILE=${PROFILE ? 1 : 0}; ${machine.nproc} cores, node ${machine.node}, load ${machine.loadavgAtStart.join(' ')}`);
+  log(`nbd-throughput: SIZE=${formatSize(SIZE)} RUNTIME=${RUNTIME}s REPEAT=${REPEAT} BATON_STORES=${BATON_STORES.join(',')} LOCAL=${LOCAL ? 1 : 0} PROFILE=${PROFILE ? 1 : 0} METRICS=${WITH_METRICS ? 1 : 0} PEERS=${PEERS ? 1 : 0}; ${machine.nproc} cores, node ${machine.node}, load ${machine.loadavgAtStart.join(' ')}`);
 
   const work = makeTempDir('baton-bench-');
   const rnd = makeRandomFile(SIZE);
@@ -244,7 +259,7 @@ async function main(): Promise<void> {
     if (LOCAL) order.push({ id: 'local', kind: 'local' });
     for (const target of order) {
       log(`  [${rep + 1}/${REPEAT}] ${target.id}`);
-      const rec: RunRecord = { target: target.id, repeat: rep, serverArgv: null, steps: [] };
+      const rec: RunRecord = { target: target.id, repeat: rep, loadavg: os.loadavg().map((x) => Math.round(x * 100) / 100), serverArgv: null, steps: [] };
       if (target.kind === 'local') {
         rec.steps = await runSteps(steps(rnd.path, { file: localFile }, work), null, log);
         fs.rmSync(localFile, { force: true });
@@ -252,16 +267,29 @@ async function main(): Promise<void> {
         const dir = makeTempDir(`baton-bench-${target.kind}-`);
         const since = Date.now();
         let server: Server | null = null;
+        let scraper: Scraper | null = null;
         try {
+          const metricsPort = target.metrics ? await freeTcpPort() : 0;
           server = target.kind === 'baton'
-            ? await startBaton({ dir, volume: VOLUME, size: SIZE, store: target.store ?? 'memory:', ...(PROFILE ? { nodeArgs: ['--cpu-prof', `--cpu-prof-dir=${profDir}`] } : {}) })
+            ? await startBaton({
+              dir, volume: VOLUME, size: SIZE, store: target.store ?? 'memory:',
+              ...(PROFILE ? { nodeArgs: ['--cpu-prof', `--cpu-prof-dir=${profDir}`] } : {}),
+              ...(target.metrics ? { extraArgs: ['--metrics', `127.0.0.1:${metricsPort}`] } : {}),
+            })
             : await startNbdkit({ dir, plugin: target.store === 'file' ? ['file', makeSparseFile(path.join(dir, 'nbdkit.img'), SIZE)] : ['memory', String(SIZE)] });
           rec.serverArgv = server.argv;
+          if (target.metrics) scraper = startMetricsScraper(metricsPort, SCRAPE_EVERY_MS);
           rec.steps = await runSteps(steps(rnd.path, { uri: server.uri }, dir), server, log);
+          if (scraper) {
+            rec.scrape = await scraper.stop();
+            log(`    /metrics: ${rec.scrape.scrapes} scrapes (${rec.scrape.errors} failed), p50 ${fmt(rec.scrape.msP50)} ms, max ${fmt(rec.scrape.msMax)} ms, ${rec.scrape.bytes} bytes, ${rec.scrape.requestsCounted} NBD requests counted`);
+            if (rec.scrape.errors > 0 || rec.scrape.requestsCounted === 0) throw new Error(`the metrics of this pass are not live: ${JSON.stringify(rec.scrape)}`);
+          }
         } catch (e) {
           rec.steps.push({ step: 'start', argv: [], values: {}, serverCpuS: null, wallS: 0, error: (e as Error).message });
           log(`    ERROR ${(e as Error).message}`);
         } finally {
+          if (scraper && !rec.scrape) await scraper.stop().catch(() => {});
           await server?.stop();
         }
         if (PROFILE && target.kind === 'baton') {
@@ -278,7 +306,7 @@ async function main(): Promise<void> {
   const report = render(machine, targets, runs, rnd, work, localFile, (finished - started) / 1000);
   const json = {
     benchmark: 'nbd-throughput',
-    knobs: { SIZE, RUNTIME, REPEAT, BATON_STORES, LOCAL, PROFILE },
+    knobs: { SIZE, RUNTIME, REPEAT, BATON_STORES, LOCAL, PROFILE, METRICS: WITH_METRICS, PEERS, SCRAPE_EVERY_MS },
     machine,
     loadavgAtEnd: os.loadavg(),
     durationS: (finished - started) / 1000,
@@ -289,7 +317,8 @@ async function main(): Promise<void> {
     runs,
   };
   // A profiled run's numbers are not comparable: keep them apart from the reference table.
-  const written = writeResults(PROFILE ? 'nbd-throughput-profile' : 'nbd-throughput', report, json);
+  // A profiled run's, and a metrics run's, numbers go to files of their own (the reference table stays).
+  const written = writeResults(PROFILE ? 'nbd-throughput-profile' : WITH_METRICS ? 'nbd-throughput-metrics' : 'nbd-throughput', report, json);
   process.stdout.write(report);
   log(`\nwrote ${path.relative(process.cwd(), written.md)} and ${path.relative(process.cwd(), written.json)} in ${((finished - started) / 1000).toFixed(0)} s`);
   if (runs.some((r) => r.steps.some((s) => s.error))) process.exitCode = 1;
@@ -310,7 +339,15 @@ function summarize(runs: RunRecord[], target: string): Record<string, number> {
 /** The goal rows of this run: each store's goals against its peer (medians). */
 function goalRows(targets: Target[], runs: RunRecord[]): GoalRow[] {
   const rows: GoalRow[] = [];
-  for (const t of targets.filter((x) => x.kind === 'baton')) {
+  for (const t of targets.filter((x) => x.kind === 'baton' && x.metrics)) {
+    const on = summarize(runs, t.id);
+    const off = summarize(runs, `baton ${t.store}`);
+    for (const id of ['randread_iops', 'randwrite_iops'] as const) {
+      const m = METRICS.find((x) => x.id === id)!;
+      rows.push(ratioGoal(`\`${t.store}\` serve --metrics on vs off: ${m.label}`, on[id], 'metrics off', off[id], m.unit, METRICS_MIN_RATIO));
+    }
+  }
+  for (const t of targets.filter((x) => x.kind === 'baton' && !x.metrics && PEERS)) {
     const plugin = peerPlugin(t.store!);
     const mine = summarize(runs, t.id);
     const peer = summarize(runs, `nbdkit ${plugin}`);
@@ -325,7 +362,7 @@ function goalRows(targets: Target[], runs: RunRecord[]): GoalRow[] {
 
 function render(m: ReturnType<typeof machineInfo>, targets: Target[], runs: RunRecord[], rnd: { path: string; onTmpfs: boolean }, work: string, localFile: string, durationS: number): string {
   const sum = new Map(targets.map((t) => [t.id, summarize(runs, t.id)]));
-  const batons = targets.filter((t) => t.kind === 'baton');
+  const batons = targets.filter((t) => t.kind === 'baton' && !t.metrics);
   const local = sum.get('local') ?? {};
   const L: string[] = [];
   L.push('# NBD throughput: each baton store against its nbdkit peer\n');
@@ -334,7 +371,7 @@ function render(m: ReturnType<typeof machineInfo>, targets: Target[], runs: RunR
   L.push(`SIZE=${formatSize(SIZE)}, RUNTIME=${RUNTIME} s, REPEAT=${REPEAT}${REPEAT > 1 ? ' (medians; server order alternates)' : ''}, BATON_STORES=${BATON_STORES.join(',')}${PROFILE ? ', **PROFILE=1: baton ran under --cpu-prof, its numbers are not comparable**' : ''}; whole run ${durationS.toFixed(0)} s.`);
   L.push(`Random source file on ${rnd.onTmpfs ? 'tmpfs (/dev/shm)' : 'the temp dir'}; baton's \`file:\` store, nbdkit file's image and the local reference file on ${m.tmpdir} (${m.tmpdirFs ?? '?'}).\n`);
 
-  L.push('## Goals (issue 11), this run\n');
+  L.push(`## Goals (issue 11${WITH_METRICS ? '; issue 14: metrics on vs off' : ''}), this run\n`);
   L.push(goalsTable(goalRows(targets, runs)));
 
   for (const b of batons) {
@@ -356,6 +393,40 @@ function render(m: ReturnType<typeof machineInfo>, targets: Target[], runs: RunR
   L.push('and its FLUSH is fdatasync: the same promise, on the same disk. "local" is the same clients against a file in');
   L.push('the temp dir: nbdcopy to/from the file (the read is served from the page cache), fio with libaio (QD32)');
   L.push('or psync (QD1 + fsync), O_DIRECT; it shows what the machine and clients can do and is not a target.\n');
+
+  for (const on of targets.filter((t) => t.metrics)) {
+    const offId = `baton ${on.store}`;
+    const a = sum.get(offId) ?? {};
+    const b = sum.get(on.id) ?? {};
+    L.push(`## \`${on.store}\`: \`serve --metrics\` on vs off (issue 14)\n`);
+    L.push(`\`${on.id}\` is \`${offId}\` with \`--metrics 127.0.0.1:PORT\` and /metrics scraped every ${SCRAPE_EVERY_MS / 1000} s while measured (Prometheus's default interval is 15 s);`);
+    L.push(`the two are measured one after the other in every pass. On ↑ rows a ratio below 1 is what metrics cost; the goal is ≥ ${METRICS_MIN_RATIO} on fio's 4k random I/O.\n`);
+    const rows = METRICS.map((mt) => [`${mt.label}, ${mt.unit} ${mt.better === 'higher' ? '↑' : '↓'}`, fmt(a[mt.id]), fmt(b[mt.id]), fmtRatio(ratio(b[mt.id], a[mt.id]))]);
+    rows.push(...STEP_NAMES.map((st) => [`server CPU s, ${st} ↓`, fmt(a[`cpu_${st}`]), fmt(b[`cpu_${st}`]), fmtRatio(ratio(b[`cpu_${st}`], a[`cpu_${st}`]))]));
+    // Server CPU per I/O is steadier than IOPS on a shared machine (a pass slowed by another
+    // process's load does fewer I/Os, each costing about the same).
+    for (const [st, id] of [['randread', 'randread_iops'], ['randwrite', 'randwrite_iops']] as const) {
+      const per = (t: string): number => median(runs.filter((r) => r.target === t).map((r) => {
+        const s = r.steps.find((x) => x.step === st);
+        const iops = s?.values[id];
+        return s?.serverCpuS != null && iops ? (s.serverCpuS * 1e6) / (iops * RUNTIME) : NaN;
+      }));
+      rows.push([`server CPU µs per I/O, fio 4k ${st} ↓`, fmt(per(offId)), fmt(per(on.id)), fmtRatio(ratio(per(on.id), per(offId)))]);
+    }
+    L.push(markdownTable(['metric', offId, on.id, 'on / off'], rows, ['l', 'r', 'r', 'r']));
+    // Each pass's on ÷ off (the two ran back to back): drift in the machine's load moves both.
+    const paired = (id: string): string => runs.filter((r) => r.target === on.id).map((r) => {
+      const off = runs.find((x) => x.target === offId && x.repeat === r.repeat);
+      const v = (rr: RunRecord | undefined): number => rr?.steps.map((st) => st.values[id]).find((x) => x !== undefined) ?? NaN;
+      return fmtRatio(ratio(v(r), v(off)));
+    }).join(', ');
+    L.push(`Per pass, on ÷ off: fio 4k randread ${paired('randread_iops')}; randwrite ${paired('randwrite_iops')}; write+flush ${paired('fsync_iops')}.\n`);
+    const sc = runs.filter((r) => r.target === on.id && r.scrape).map((r) => r.scrape!);
+    if (sc.length) {
+      L.push(`Scrapes per pass: ${sc.map((x) => x.scrapes).join(', ')} (failed: ${sc.reduce((n, x) => n + x.errors, 0)}); time per scrape p50 ${sc.map((x) => fmt(x.msP50)).join(', ')} ms, max ${sc.map((x) => fmt(x.msMax)).join(', ')} ms; ${sc[0]!.bytes} bytes per answer; NBD requests the last scrape counted: ${sc.map((x) => x.requestsCounted).join(', ')}.\n`);
+    }
+  }
+  L.push('Load average (1 min) at the start of each pass: ' + runs.filter((r) => r.target !== 'local').map((r) => `${r.target} #${r.repeat + 1}: ${r.loadavg[0]}`).join('; ') + '.\n');
 
   const cpuRows = STEP_NAMES.map((st) => [st, ...targets.filter((t) => t.kind !== 'local').map((t) => fmt(sum.get(t.id)?.[`cpu_${st}`]))]);
   L.push('## Server CPU time per step\n');

@@ -33,6 +33,10 @@ import { BackgroundMaintenance, DEFAULT_COMPACT_BELOW, compactIdleVolumes, type 
 import { DEFAULT_GC_GRACE_MS, collectGarbage } from '../src/volume/gc.js';
 import { DEFAULT_HYDRATE_CONCURRENCY, HYDRATE_MODES, type HydrateMode } from '../src/volume/hydrate.js';
 import { NbdClient } from '../nbd/client.js';
+import { createMetricsRegistry, type MetricsSources } from '../src/metrics.js';
+import { MetricsServer, Readiness, parseMetricsAddress } from '../src/metrics-server.js';
+
+const VERSION = '0.1.0';
 
 function sizeArg(v: string): number {
   try { return parseSize(v); } catch (err) { throw new CommanderInvalidArgument(errorMessage(err)); }
@@ -135,7 +139,7 @@ function storeCatalog(o: StoreFlags, what: string, extra: CatalogOptions = {}): 
 const program = new Command()
   .name('baton')
   .description('Workspaces for agents as NBD block devices: create volumes, serve them, attach them anywhere.')
-  .version('0.1.0')
+  .version(VERSION)
   .showHelpAfterError('(add --help for usage and examples)')
   .configureHelp({ sortSubcommands: true })
   // Set before the subcommands are added, so they inherit it: usage errors exit 2.
@@ -176,9 +180,17 @@ withStore(program.command('serve')
   .addOption(new Option('--hydrate-max <size>', 'fetch at most this much per volume (default three quarters of --cache-size)').argParser(sizeArg))
   .addOption(durationOption('--stats-interval <duration>', 'log RSS, heap, event-loop delay (p50/p99/max since the last line) and read-cache counters at info level this often (0: never)', 0))
   .option('--key-file <file>', 'master key of encrypted volumes (32 bytes, raw, hex or base64); or BATON_KEY_FILE / BATON_KEY in the environment')
-  .option('--no-compress', 'store new data uncompressed (every volume served; it is still framed and checksummed)')
+  .addOption(new Option('--compression <on|off>', 'off: store new data uncompressed, for every volume served (it is still framed and checksummed); on: as each volume\'s record says').choices(['on', 'off']).default('on'))
+  .option('--metrics <[host:]port>', 'serve Prometheus metrics at /metrics and health at /healthz, /readyz on this address (a bare port listens on 127.0.0.1)', (v: string) => {
+    try { return parseMetricsAddress(v); } catch (err) { throw new CommanderInvalidArgument(errorMessage(err)); }
+  })
   .option('--log-level <level>', LOG_LEVELS.join(', '), process.env.BATON_LOG_LEVEL ?? 'info')
   .addHelpText('after', `
+Metrics (--metrics): /metrics is Prometheus text (baton_* series per volume, store, cache,
+GC, and the process's); /healthz answers 200 while the process runs; /readyz answers 200
+once the store passed its startup probe, the lease service answers and NBD is listening,
+503 with the failing check otherwise. See README.md, "Metrics".
+
 Examples:
   $ baton serve --create work --size 10G
   $ baton serve --socket /run/baton.sock --store file:/var/lib/baton
@@ -186,6 +198,9 @@ Examples:
   $ nbd-client -N work 127.0.0.1 10809 /dev/nbd0     # attach with the kernel client
   $ nbdfuse /mnt/work nbd://127.0.0.1/work &         # or as a file through FUSE
   $ baton serve --store s3://b/p --hydrate all --hydrate-concurrency 4 --cache-size 20G
+  $ baton serve --metrics 9464                       # metrics on 127.0.0.1:9464
+  $ curl -s 127.0.0.1:9464/metrics | grep '^baton_nbd_requests_total'
+  $ baton serve --listen 0.0.0.0:10809 --metrics 0.0.0.0:9464 --redis redis://10.0.0.5:6379
 
 Hydration: a volume's holder records which parts of it were read and written lately (its
 working set) in its checkpoints. A host that opens the volume (after a takeover, a handoff,
@@ -193,17 +208,29 @@ a fork's first attach, a restart) fetches those parts into its read cache in the
 background, most recently used first, within --hydrate-max and --hydrate-concurrency; a
 host waiting for another to hand a volume over starts while it waits. A file: store needs
 none (its objects are read in place). baton status shows its progress.`)
-  .action(async (opts: StoreFlags & LeaseFlags & { listen: string; socket?: string; cacheDir: string; cacheSize: number; readOnly?: boolean; create?: string; size?: number; handshakeTimeout: number; maxConnections: number; idleGrace: number; logLevel: string; onHeld: OnHeld; heldWait: number; gcInterval: number; gcGrace: number; compactBelow: number; statsInterval: number; hydrate: HydrateMode; hydrateConcurrency: number; hydrateMax?: number; keyFile?: string; compress: boolean }) => {
+  .action(async (opts: StoreFlags & LeaseFlags & { listen: string; socket?: string; cacheDir: string; cacheSize: number; readOnly?: boolean; create?: string; size?: number; handshakeTimeout: number; maxConnections: number; idleGrace: number; logLevel: string; onHeld: OnHeld; heldWait: number; gcInterval: number; gcGrace: number; compactBelow: number; statsInterval: number; hydrate: HydrateMode; hydrateConcurrency: number; hydrateMax?: number; metrics?: { host: string; port: number }; keyFile?: string; compression: 'on' | 'off' }) => {
     const log = makeLogger(opts.logLevel);
     if (opts.size !== undefined && !opts.create) throw new InvalidArgumentError('--size is the size of the volume --create NAME makes; without --create it would do nothing (volumes are made with baton create NAME --size SIZE)');
-    const catalog = catalogFor(opts, {
-      log, cacheDir: opts.cacheDir, cacheSize: opts.cacheSize, retry: { budgetMs: DEFAULT_RETRY_BUDGET_MS },
-      ...(opts.keyFile !== undefined ? { keyFile: opts.keyFile } : {}), ...(opts.compress ? {} : { volume: { compress: false } }),
+    const catalog = catalogFor(opts, { log, cacheDir: opts.cacheDir, cacheSize: opts.cacheSize, retry: { budgetMs: DEFAULT_RETRY_BUDGET_MS }, instrument: !!opts.metrics,
+      ...(opts.keyFile !== undefined ? { keyFile: opts.keyFile } : {}), ...(opts.compression === 'off' ? { volume: { compress: false } } : {}),
     });
-    if (catalog instanceof StoreCatalog) await checkCacheDir(catalog, opts.cacheDir);
-    const cache = catalog instanceof StoreCatalog ? await catalog.readCache() : null;
-    if (opts.statsInterval > 0) logProcessStats(opts.statsInterval, log, () => cache?.stats);
+    // Metrics first: /healthz answers and /readyz says what it waits for while the store is
+    // probed (which waits for as long as the store does not answer). Filled in as things start.
+    const sources: MetricsSources = { info: { hostId: opts.hostId, store: catalog.description, version: VERSION }, ...(catalog instanceof StoreCatalog ? { store: catalog.store } : {}) };
+    const readiness = new Readiness();
+    readiness.set('store', false, 'waiting for the store to pass its startup probe');
+    readiness.set('listening', false, 'NBD is not listening yet');
+    if (opts.metrics) {
+      const bound = await new MetricsServer(createMetricsRegistry(sources), readiness, log).listen(opts.metrics.host, opts.metrics.port);
+      log.info({ address: bound, paths: ['/metrics', '/healthz', '/readyz'] }, 'metrics listening');
+    }
+    if (catalog instanceof StoreCatalog) {
+      await checkCacheDir(catalog, opts.cacheDir);
+      sources.cache = await catalog.readCache();
+    }
+    if (opts.statsInterval > 0) logProcessStats(opts.statsInterval, log, () => sources.cache?.stats);
     await probeBeforeServing(catalog, !!opts.readOnly, log);
+    readiness.set('store', true, opts.readOnly || !(catalog instanceof StoreCatalog) ? `${catalog.description} (read-only or plain backend: not probed)` : catalog.description);
     if (opts.create) {
       if (opts.size === undefined) throw new BatonError('BATON_ERR_INVALID_ARGUMENT', '--create needs --size (for example --size 10G)');
       try {
@@ -215,8 +242,10 @@ none (its objects are read in place). baton status shows its progress.`)
     }
     const addr: ListenAddress = opts.socket ? { path: opts.socket } : parseListen(opts.listen);
     const leases = catalog instanceof StoreCatalog && !opts.readOnly ? await leaseManagerFor(opts, log) : null;
+    if (leases) readiness.probe('lease', async () => { await leases.ping(); return leases.description; });
+    else readiness.set('lease', true, 'no lease (read-only or plain backend)');
     const exports = new VolumeExports(catalog, {
-      readOnly: !!opts.readOnly, idleGraceMs: opts.idleGrace * 1000, log,
+      readOnly: !!opts.readOnly, idleGraceMs: opts.idleGrace * 1000, log, requestStats: !!opts.metrics,
       hydrate: { mode: opts.hydrate, concurrency: opts.hydrateConcurrency, ...(opts.hydrateMax !== undefined ? { maxBytes: opts.hydrateMax } : {}) },
       ...(leases ? { lease: { manager: leases, hostId: opts.hostId, onHeld: opts.onHeld, waitMs: opts.heldWait * 1000, address: 'path' in addr ? `unix:${addr.path}` : `${addr.host}:${addr.port}` } } : {}),
     });
@@ -229,10 +258,13 @@ none (its objects are read in place). baton status shows its progress.`)
       ? new BackgroundMaintenance(catalog, exports, { intervalMs: opts.gcInterval, graceMs: opts.gcGrace, compactBelow: opts.compactBelow, log })
       : null;
     maintenance?.start();
+    Object.assign(sources, { volumes: exports, nbd: server, maintenance });
+    readiness.set('listening', true, uri);
     let stopping = false;
     const stop = async (signal: string): Promise<void> => {
       if (stopping) return;
       stopping = true;
+      readiness.set('listening', false, 'shutting down');
       log.info({ signal }, 'shutting down: finishing requests and flushing volumes');
       await maintenance?.stop();
       await server.close();
@@ -478,7 +510,7 @@ Examples:
         : `not compacted ${c.name}: ${c.skipped}\n`);
     }
     process.stdout.write([
-      `${r.records} volumes and snapshots; ${r.objects} objects (${formatSize(r.storedBytes)}) in the store, ${r.referencedObjects} (${formatSize(r.referencedBytes)}) referenced`,
+      `${r.records} volumes and snapshots (${r.reusedRecords} unchanged since the last run, not read again); ${r.objects} objects (${formatSize(r.storedBytes)}) in the store, ${r.referencedObjects} (${formatSize(r.referencedBytes)}) referenced`,
       `${r.dryRun ? 'would delete' : 'deleted'} ${r.deletedObjects} objects (${formatSize(r.deletedBytes)}) marked by earlier runs${r.failedDeletes ? `; ${r.failedDeletes} deletes failed (a later run retries)` : ''}`,
       `${r.dryRun ? 'would mark' : 'marked'} ${r.markedObjects} unreferenced objects (${formatSize(r.markedBytes)}): a run ${formatDuration(r.graceMs)} or more from now deletes them if still unreferenced`,
       ...(r.youngUnreferenced ? [`${r.youngUnreferenced} unreferenced objects are younger than the grace period: left alone`] : []),

@@ -14,6 +14,7 @@
  */
 
 import type { Extent } from './codec.js';
+import type { RequestStats } from './stats.js';
 
 export type { Extent };
 
@@ -96,6 +97,8 @@ export interface ExportHandle {
   readonly name: string;
   readonly description: string;
   readonly backend: BlockBackend;
+  /** Where the session counts this connection's requests (serve --metrics); none: nothing is counted. */
+  readonly stats?: RequestStats;
   release(): void;
 }
 

@@ -29,6 +29,7 @@ import * as C from './constants.js';
 import { toNbdErrno, toOptionError } from './errno.js';
 import { ConnectionClosedError, FrameReader } from './reader.js';
 import { acquireBuffer, releaseBuffer } from './buffer-pool.js';
+import type { RequestStats } from './stats.js';
 import { COMMAND_NAMES, alignExtents, transmissionFlags, validateRequest, type ValidationContext } from './validate.js';
 
 export interface SessionOptions {
@@ -99,6 +100,8 @@ export class NbdSession {
   private structured = false;
   private metaContextExport: string | null = null; // export name base:allocation was selected for
   private handle: ExportHandle | null = null;
+  /** The attached export's request counters (ExportHandle.stats), if it keeps any. */
+  private stats: RequestStats | undefined;
   private inflight = 0;
   private inflightBytes = 0;
   private slotWaiter: (() => void) | null = null;
@@ -131,6 +134,7 @@ export class NbdSession {
       }
       if (!handle) return;
       this.handle = handle.handle;
+      this.stats = handle.handle.stats;
       await this.transmission(handle.handle.backend);
     } catch (err) {
       if (!(err instanceof ConnectionClosedError) && !(err instanceof EndSession)) {
@@ -480,16 +484,21 @@ export class NbdSession {
   private dispatch(backend: BlockBackend, ctx: ValidationContext, req: codec.Request, payload: Buffer | undefined, chunks?: Buffer[]): void {
     const slotBytes = this.slotBytes(req);
     const done = (): void => this.releaseSlot(slotBytes);
+    const stats = this.stats;
     const v = validateRequest(req, ctx);
     if (!v.ok) {
       this.opts.log.debug({ cmd: COMMAND_NAMES[req.type] ?? req.type, errno: v.errno, msg: v.message }, 'request refused');
+      stats?.done(req.type, v.errno, 0, -1);
       this.replyError(req, v.errno, v.message, done);
       return;
     }
     if (this.shuttingDown) {
+      stats?.done(req.type, C.NBD_ESHUTDOWN, 0, -1);
       this.replyError(req, C.NBD_ESHUTDOWN, 'server is shutting down', done);
       return;
     }
+    // Only a FLUSH is timed (RequestStats.done): one clock read, none for other commands.
+    const startedAt = stats !== undefined && req.type === C.NBD_CMD_FLUSH ? performance.now() : -1;
     const fua = (req.flags & C.NBD_CMD_FLAG_FUA) !== 0;
     let p: Promise<Reply | null>;
     try {
@@ -499,12 +508,14 @@ export class NbdSession {
     }
     p.then(
       (r) => {
+        stats?.done(req.type, 0, v.length, startedAt);
         if (!r) this.reply([this.okReply(req)], done);
         else if (r.release) { const release = r.release; this.reply(r.frames, () => { release(); done(); }); }
         else this.reply(r.frames, done);
       },
       (err: unknown) => {
         const errno = toNbdErrno(err);
+        stats?.done(req.type, errno, 0, startedAt);
         this.opts.log.warn({ cmd: COMMAND_NAMES[req.type], offset: v.offset, length: v.length, errno, err: errorMessage(err) }, 'request failed');
         this.replyError(req, errno, errorMessage(err), done);
       },

@@ -115,6 +115,8 @@ export interface CacheStats {
   fetches: number;
   bytesFetched: number;
   cachedBytes: number;
+  /** Blocks pushed out (least recently used) to make room for another. */
+  evictions: number;
 }
 
 export interface BlockCacheOptions {
@@ -143,7 +145,7 @@ export class BlockCache {
   private readonly writing = new Set<Promise<void>>();
   /** The cache disk failed its last operation: warned once, until an operation succeeds again. */
   private diskFailing = false;
-  readonly stats: CacheStats = { hits: 0, misses: 0, fetches: 0, bytesFetched: 0, cachedBytes: 0 };
+  readonly stats: CacheStats = { hits: 0, misses: 0, fetches: 0, bytesFetched: 0, cachedBytes: 0, evictions: 0 };
 
   private constructor(private readonly slab: Slab, capacityBytes: number, private readonly log: CacheLogger | undefined) {
     this.maxSlots = Math.max(16, Math.floor(capacityBytes / CACHE_BLOCK));
@@ -183,6 +185,7 @@ export class BlockCache {
       const victim = this.index.get(victimId)!;
       this.index.delete(victimId);
       this.stats.cachedBytes -= victim.length;
+      this.stats.evictions++;
       slot = victim.slot;
       // The victim's own write to this slot must land before ours does.
       after = victim.ready;

@@ -57,6 +57,7 @@
 import * as os from 'node:os';
 import { systemWorld, type TimerHandle, type World } from './clock.js';
 import type { ExportHandle, ExportProvider, ExportSummary } from '../nbd/backend.js';
+import { RequestStats } from '../nbd/stats.js';
 import { LeaseHeldError, NotFoundError, ShutdownError, errorMessage } from './errors.js';
 import type { Lease, LeaseManager } from './lease/lease.js';
 import type { Logger } from './log.js';
@@ -92,6 +93,22 @@ export interface VolumeExportsOptions {
    * newest checkpoint, catalog.prehydrate). Off when absent.
    */
   hydrate?: HydrateOptions;
+  /** Count each volume's NBD requests (serve --metrics): its connections share one RequestStats. */
+  requestStats?: boolean;
+}
+
+/** A volume this host has in hand (opening, serving or draining), as serve --metrics reports it. */
+export interface ServedVolumeInfo {
+  name: string;
+  state: ServedState;
+  /** NBD connections attached to it now. */
+  connections: number;
+  /** The engine volume, once open (absent for the plain backends and while opening). */
+  volume: Volume | undefined;
+  /** Its request counters (requestStats), kept from open to close: a reopened volume starts again at 0. */
+  requests: RequestStats | null;
+  /** The lease it is served under: its token and how long this host may still write under it (ms, >= 0). */
+  lease: { token: number; remainingMs: number } | null;
 }
 
 export type ServedState = 'opening' | 'serving' | 'draining' | 'closed' | 'fenced';
@@ -141,6 +158,8 @@ class Served {
   prehydration: { stop(): void } | null = null;
   idleTimer: TimerHandle | null = null;
   statusTimer: TimerHandle | null = null;
+  /** Request counters shared by its connections (VolumeExportsOptions.requestStats), else null. */
+  readonly stats: RequestStats | null;
   /** Resolves when serving; rejects (with what the waiting clients are told) if it left before. */
   readonly ready: Promise<void>;
   resolveReady!: () => void;
@@ -148,7 +167,8 @@ class Served {
   private changeWaiters: (() => void)[] = [];
   private idleWaiters: (() => void)[] = [];
 
-  constructor(readonly name: string) {
+  constructor(readonly name: string, countRequests: boolean) {
+    this.stats = countRequests ? new RequestStats() : null;
     this.ready = new Promise<void>((res, rej) => { this.resolveReady = res; this.rejectReady = rej; });
     this.ready.catch(() => {}); // an open nobody waits for must not be an unhandled rejection
   }
@@ -259,6 +279,7 @@ export class VolumeExports implements ExportProvider {
       // From what is open: no store request per connection.
       description: describeName(s.name, ov.backend.size),
       backend: ov.backend,
+      ...(s.stats ? { stats: s.stats } : {}),
       release: () => {
         if (released) return;
         released = true;
@@ -311,7 +332,7 @@ export class VolumeExports implements ExportProvider {
 
   /** (none) -> opening: start the open routine. */
   private startOpening(name: string): Served {
-    const s = new Served(name);
+    const s = new Served(name, !!this.opts.requestStats);
     this.volumes.set(name, s);
     s.opening = this.openServed(s).finally(() => this.stopPrehydration(s)).then(
       () => { if (s.state === 'opening') this.startServing(s); },
@@ -678,6 +699,24 @@ export class VolumeExports implements ExportProvider {
     if (s.statusTimer) this.world.clearTimeout(s.statusTimer);
     s.idleTimer = null;
     s.statusTimer = null;
+  }
+
+  /**
+   * Every volume this host has in hand (not yet closed or fenced), for serve --metrics: read
+   * at scrape time, so it costs nothing between scrapes.
+   */
+  servedVolumes(): ServedVolumeInfo[] {
+    const now = this.world.now();
+    const out: ServedVolumeInfo[] = [];
+    for (const s of this.volumes.values()) {
+      const lease = s.lease;
+      out.push({
+        name: s.name, state: s.state, connections: s.refs, volume: s.volume, requests: s.stats,
+        // validUntil() is on this world's clock; -Infinity once released.
+        lease: lease ? { token: lease.token, remainingMs: Math.max(0, lease.validUntil() - now) } : null,
+      });
+    }
+    return out;
   }
 
   /** Volumes this host serves read-write under its lease (background compaction works on these). */

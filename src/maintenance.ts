@@ -80,8 +80,29 @@ export interface BackgroundOptions {
   log: Logger;
 }
 
+/** What the background passes of this process did, summed (serve --metrics reads it at scrape time). */
+export interface MaintenanceStats {
+  /** GC runs that finished, and runs that failed (nothing deleted that should not be; the next pass retries). */
+  gcRuns: number;
+  gcFailures: number;
+  markedObjects: number;
+  markedBytes: number;
+  deletedObjects: number;
+  deletedBytes: number;
+  /** When the last run (finished or failed) ended: ms since the epoch; null before the first. */
+  lastGcEndedAt: number | null;
+  /** How long that run took, in seconds. */
+  lastGcSeconds: number;
+  /** Live bytes compaction rewrote into new objects. */
+  compactedBytes: number;
+}
+
 /** Periodic compaction of the volumes this host serves, then a GC run over the store. */
 export class BackgroundMaintenance {
+  readonly stats: MaintenanceStats = {
+    gcRuns: 0, gcFailures: 0, markedObjects: 0, markedBytes: 0, deletedObjects: 0, deletedBytes: 0,
+    lastGcEndedAt: null, lastGcSeconds: 0, compactedBytes: 0,
+  };
   private timer: NodeJS.Timeout | null = null;
   private running: Promise<unknown> | null = null;
   private stopped = false;
@@ -108,21 +129,32 @@ export class BackgroundMaintenance {
       try {
         const result = await volume.compact({ below: this.opts.compactBelow, maxBytes: this.opts.compactMaxBytes ?? 256 * 1024 * 1024 });
         compacted.push({ name, result });
+        this.stats.compactedBytes += result.rewrittenBytes;
       } catch (err) {
         compacted.push({ name, skipped: errorMessage(err) });
         this.opts.log.warn({ volume: name, err: errorMessage(err) }, 'background compaction failed; trying again next pass');
       }
     }
     let gc: GcResult | null = null;
+    const t0 = performance.now();
     try {
       gc = await collectGarbage(this.catalog, { graceMs: this.opts.graceMs, log: this.opts.log });
+      const st = this.stats;
+      st.gcRuns++;
+      st.markedObjects += gc.markedObjects;
+      st.markedBytes += gc.markedBytes;
+      st.deletedObjects += gc.deletedObjects;
+      st.deletedBytes += gc.deletedBytes;
       // Work left: what this run marked, what an earlier (or another host's) mark names and
       // waits to age, and what is too young to mark yet. Each needs a later run.
       this.pending = gc.markedObjects > 0 || gc.awaitingMarkAge > 0 || gc.youngUnreferenced > 0;
     } catch (err) {
       this.pending = true;
+      this.stats.gcFailures++;
       this.opts.log.warn({ err: errorMessage(err) }, 'background GC failed; nothing was deleted that should not be, trying again next pass');
     }
+    this.stats.lastGcEndedAt = Date.now();
+    this.stats.lastGcSeconds = (performance.now() - t0) / 1000;
     // After compaction's own commits: a pass that only compacted counts as a change once.
     this.seen = new Map(served.map(({ name, volume }) => [name, volume.stats().commits]));
     return { compacted, gc };

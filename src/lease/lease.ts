@@ -86,5 +86,10 @@ export interface LeaseManager {
    * so later tokens still only grow. Resolves true if a lease was held.
    */
   revoke(volume: string): Promise<boolean>;
+  /**
+   * Is the lease service usable from here now (serve's /readyz)? Resolves, or throws an error
+   * saying what is wrong. Bounded in time like any lease command; changes nothing.
+   */
+  ping(): Promise<void>;
   close(): Promise<void>;
 }

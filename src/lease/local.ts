@@ -509,6 +509,17 @@ export class LocalLeaseManager implements LeaseManager {
     this.#watcher = null;
   }
 
+  /** The lease directory exists (or can be made) and this process may write in it. */
+  async ping(): Promise<void> {
+    this.#checkOpen();
+    await this.#ensureDir();
+    try {
+      await fsp.access(this.dir, fs.constants.R_OK | fs.constants.W_OK);
+    } catch (err) {
+      throw ioError(`cannot write lease files in ${this.dir}`, err);
+    }
+  }
+
   #ensureDir(): Promise<void> {
     this.#dirReady ??= fsp.mkdir(this.dir, { recursive: true }).then(
       () => undefined,

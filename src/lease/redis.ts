@@ -653,6 +653,13 @@ export class RedisLeaseManager implements LeaseManager {
     return Number(r) === 1;
   }
 
+  async ping(): Promise<void> {
+    this.#checkOpen();
+    // Like acquire: disconnected is an answer at once, not after a queued command times out.
+    if (this.client.status !== 'ready') throw new StoreUnavailableError(`cannot reach Redis at ${this.#display} (connection ${this.client.status})`);
+    await this._run(() => this.client.ping());
+  }
+
   async close(): Promise<void> {
     if (this.#closed) return;
     this.#closed = true;

@@ -15,11 +15,13 @@
  * - FaultyObjectStore: deterministic (seeded) fault injection for tests and benchmarks:
  *   latency, errors before the op, lost replies after the op, timeouts, a hang switch.
  * - InstrumentedObjectStore: counts requests, errors and bytes per operation, so a test can
- *   assert "one flush = N PUTs" and a benchmark can report request rates.
+ *   assert "one flush = N PUTs" and a benchmark can report request rates; also outcomes and
+ *   a latency histogram per operation, which `serve --metrics` exports.
  */
 import { randomBytes } from 'node:crypto';
 import { PreconditionFailedError, StoreUnavailableError, TimeoutError, errorMessage, isBatonError } from '../errors.js';
-import type { ByteRange, ListOptions, ObjectHead, ObjectInfo, ObjectStore, PutOptions } from './object-store.js';
+import { DurationHistogram } from '../histogram.js';
+import type { ByteRange, ListOptions, LocalObjects, ObjectHead, ObjectInfo, ObjectStore, PutOptions } from './object-store.js';
 
 /** Metadata key stamped on every put so an ambiguous create-only retry can be resolved. */
 export const PUT_ID_META = 'baton-put-id';
@@ -87,6 +89,8 @@ export class RetryingObjectStore implements ObjectStore {
   readonly #target: string;
   readonly #hint: string;
   readonly #now: () => number;
+  /** Attempts after a first one, per op (each backoff before another try), for serve --metrics. */
+  readonly retries: Record<StoreOp, number> = { get: 0, put: 0, head: 0, list: 0, delete: 0 };
 
   constructor(readonly next: ObjectStore, opts: RetryOptions = {}) {
     this.description = next.description;
@@ -163,6 +167,7 @@ export class RetryingObjectStore implements ObjectStore {
   }
 
   async #backoff(op: StoreOp, key: string, attempt: number, error: unknown, delayMs: number): Promise<void> {
+    this.retries[op]++;
     this.#onRetry?.({ op, key, attempt, delayMs, error });
     await this.#sleep(delayMs);
   }
@@ -502,19 +507,64 @@ export interface OpStats {
 
 export type StoreStats = Record<StoreOp, OpStats> & { total: OpStats; inFlight: number; maxInFlight: number };
 
+/**
+ * How a request ended, as the metrics' `outcome` label: a bounded set. `not_found` and
+ * `precondition_failed` are answers, not failures (a get of an absent key, a create-only put
+ * that lost: how fencing works); `unavailable` and `timeout` are what the retry layer retries.
+ */
+export const STORE_OUTCOMES = ['ok', 'not_found', 'precondition_failed', 'unavailable', 'timeout', 'error'] as const;
+export type StoreOutcome = (typeof STORE_OUTCOMES)[number];
+
+function outcomeOf(err: unknown): StoreOutcome {
+  if (isBatonError(err, 'BATON_ERR_NOT_FOUND')) return 'not_found';
+  if (isBatonError(err, 'BATON_ERR_PRECONDITION_FAILED')) return 'precondition_failed';
+  if (isBatonError(err, 'BATON_ERR_STORE_UNAVAILABLE')) return 'unavailable';
+  if (isBatonError(err, 'BATON_ERR_TIMEOUT')) return 'timeout';
+  return 'error';
+}
+
+/** Per op: requests by outcome, and how long they took (for a listing: the time spent waiting for the store, not the caller's time between keys). */
+export interface OpMetrics {
+  readonly outcomes: Record<StoreOutcome, number>;
+  readonly seconds: DurationHistogram;
+  /** Body bytes, as OpStats.bytes: received by get, sent by put. */
+  bytes: number;
+}
+
 function zeroOpStats(): OpStats {
   return { requests: 0, errors: 0, bytes: 0, items: 0 };
 }
 
+function newOpMetrics(): OpMetrics {
+  return { outcomes: { ok: 0, not_found: 0, precondition_failed: 0, unavailable: 0, timeout: 0, error: 0 }, seconds: new DurationHistogram(), bytes: 0 };
+}
+
 export class InstrumentedObjectStore implements ObjectStore {
   readonly description: string;
+  /**
+   * The inner store's: a decorator that only counts changes nothing about reads and puts, so
+   * it passes it on (object-store.ts LocalObjects); hiding it would switch the engine to its
+   * read cache. putParts is counted as a put; read() is passed on as it is, counted by the
+   * store that does it (LocalObjects.reads: it is on the path of every NBD READ).
+   */
+  readonly local?: LocalObjects;
   #stats: Record<StoreOp, OpStats>;
+  /** Live, never reset: Prometheus counters only grow (reset() leaves them alone). */
+  readonly #metrics: Record<StoreOp, OpMetrics> = { get: newOpMetrics(), put: newOpMetrics(), head: newOpMetrics(), list: newOpMetrics(), delete: newOpMetrics() };
   #inFlight = 0;
   #maxInFlight = 0;
 
   constructor(readonly next: ObjectStore) {
     this.description = next.description;
     this.#stats = this.#zero();
+    const inner = next.local;
+    if (inner) {
+      this.local = {
+        read: (key, offset, length, out, outOff) => inner.read(key, offset, length, out, outOff),
+        putParts: (key, parts, options) => this.#count('put', () => inner.putParts(key, parts, options), () => parts.reduce((n, p) => n + p.length, 0)),
+        ...(inner.reads ? { reads: inner.reads } : {}),
+      };
+    }
   }
 
   #zero(): Record<StoreOp, OpStats> {
@@ -532,26 +582,53 @@ export class InstrumentedObjectStore implements ObjectStore {
     return { ...out, total, inFlight: this.#inFlight, maxInFlight: this.#maxInFlight };
   }
 
+  /** Outcomes and latency per op since this store was made: live objects, read them, do not change them. */
+  metrics(): Readonly<Record<StoreOp, OpMetrics>> {
+    return this.#metrics;
+  }
+
+  /** Restarts stats() (tests measure one phase); metrics() keeps counting. */
   reset(): void {
     this.#stats = this.#zero();
     this.#maxInFlight = this.#inFlight;
   }
 
-  async #count<T>(op: StoreOp, fn: () => Promise<T>, bytesOf: (v: T) => number): Promise<T> {
-    const s = this.#stats[op];
-    s.requests++;
+  /** A request starts: returns its start time. Each #begin is ended by exactly one #done or #failed. */
+  #begin(op: StoreOp): number {
+    this.#stats[op].requests++;
     this.#inFlight++;
     if (this.#inFlight > this.#maxInFlight) this.#maxInFlight = this.#inFlight;
+    return performance.now();
+  }
+
+  #done(op: StoreOp, t0: number, bytes: number): void {
+    this.#inFlight--;
+    this.#stats[op].bytes += bytes;
+    const m = this.#metrics[op];
+    m.bytes += bytes;
+    m.outcomes.ok++;
+    m.seconds.observe((performance.now() - t0) / 1000);
+  }
+
+  #failed(op: StoreOp, t0: number, err: unknown): void {
+    this.#inFlight--;
+    this.#stats[op].errors++;
+    const m = this.#metrics[op];
+    m.outcomes[outcomeOf(err)]++;
+    m.seconds.observe((performance.now() - t0) / 1000);
+  }
+
+  async #count<T>(op: StoreOp, fn: () => Promise<T>, bytesOf: (v: T) => number): Promise<T> {
+    const t0 = this.#begin(op);
+    let v: T;
     try {
-      const v = await fn();
-      s.bytes += bytesOf(v);
-      return v;
+      v = await fn();
     } catch (err) {
-      s.errors++;
+      this.#failed(op, t0, err);
       throw err;
-    } finally {
-      this.#inFlight--;
     }
+    this.#done(op, t0, bytesOf(v));
+    return v;
   }
 
   get(key: string, range?: ByteRange): Promise<Buffer> {
@@ -570,17 +647,39 @@ export class InstrumentedObjectStore implements ObjectStore {
     return this.#count('delete', () => this.next.delete(key), () => 0);
   }
 
+  /**
+   * One request however many pages; its duration is the time spent waiting for the store
+   * (the awaits of the inner listing), not the caller's time between keys. A listing the
+   * caller stops early counts as ok.
+   */
   async *list(prefix: string, options?: ListOptions): AsyncIterable<ObjectInfo> {
     const s = this.#stats.list;
+    const m = this.#metrics.list;
     s.requests++;
+    let waited = 0;
+    let outcome: StoreOutcome = 'ok';
+    const it = this.next.list(prefix, options)[Symbol.asyncIterator]();
     try {
-      for await (const o of this.next.list(prefix, options)) {
+      for (;;) {
+        const t0 = performance.now();
+        let r: IteratorResult<ObjectInfo>;
+        try {
+          r = await it.next();
+        } finally {
+          waited += performance.now() - t0;
+        }
+        if (r.done === true) break;
         s.items++;
-        yield o;
+        yield r.value;
       }
     } catch (err) {
       s.errors++;
+      outcome = outcomeOf(err);
       throw err;
+    } finally {
+      m.outcomes[outcome]++;
+      m.seconds.observe(waited / 1000);
+      await it.return?.();
     }
   }
 

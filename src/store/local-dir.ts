@@ -49,7 +49,7 @@ import {
   PreconditionFailedError,
 } from '../errors.js';
 import { compareKeys, rangeError, validateKey, validateMetadata, validateRange } from './memory.js';
-import type { ByteRange, ListOptions, LocalObjects, ObjectHead, ObjectInfo, ObjectStore, PutOptions } from './object-store.js';
+import type { ByteRange, ListOptions, LocalObjects, LocalReadCounts, ObjectHead, ObjectInfo, ObjectStore, PutOptions } from './object-store.js';
 
 const MAGIC = Buffer.from('BATONOB1', 'latin1');
 export const LOCAL_HEADER_SIZE = 4096;
@@ -203,9 +203,11 @@ export class LocalDirObjectStore implements ObjectStore {
   readonly #tmpDir: string;
   readonly #open = new Map<string, OpenFile>(); // insertion order = least recently used first
   #sweepTimer: ReturnType<typeof setTimeout> | null = null;
+  readonly #reads: LocalReadCounts = { ok: 0, notFound: 0, error: 0, bytes: 0 };
   readonly local: LocalObjects = {
     read: (key, offset, length, out, outOff) => this.#readInPlace(key, offset, length, out, outOff),
     putParts: (key, parts, options) => this.#put(key, parts, options),
+    reads: this.#reads,
   };
   /** Root made durable, `.tmp/` made and swept; once per process (reset if it failed). */
   #tmpReady: Promise<void> | null = null;
@@ -427,8 +429,13 @@ export class LocalDirObjectStore implements ObjectStore {
         if (bytesRead === 0) throw new CorruptError(`get ${key}: file ended early (wanted ${length} bytes at ${offset})`);
         done += bytesRead;
       }
+      this.#reads.ok++;
+      this.#reads.bytes += length;
     } catch (err) {
-      throw this.#ioError('get', key, err);
+      const e = this.#ioError('get', key, err);
+      if (e instanceof NotFoundError) this.#reads.notFound++;
+      else this.#reads.error++;
+      throw e;
     } finally {
       f.readers--;
       if (f.forgotten && f.readers === 0) void this.#closeFile(f);

@@ -83,6 +83,23 @@ export interface LocalObjects {
   read(key: string, offset: number, length: number, out: Buffer, outOff: number): Promise<void>;
   /** Exactly put(key, concatenation of parts, options), without concatenating them. */
   putParts(key: string, parts: readonly Buffer[], options?: PutOptions): Promise<void>;
+  /**
+   * Counts of read() calls, kept by the store that does them and passed on unchanged by every
+   * decorator that passes `local` on (serve --metrics reads them at scrape time). Kept there
+   * because read() is on the path of every NBD READ of a file: store: counting in place costs
+   * a few increments, where a decorator wrapping each call cost a promise and half a
+   * microsecond per read (bench/metrics-cost.ts). Not timed, for the same reason.
+   */
+  readonly reads?: LocalReadCounts;
+}
+
+/** How in-place reads ended, and the bytes the successful ones read. Only ever grow. */
+export interface LocalReadCounts {
+  ok: number;
+  notFound: number;
+  /** Any other failure (out of range, I/O error, corrupt file). */
+  error: number;
+  bytes: number;
 }
 
 export interface ObjectStore {

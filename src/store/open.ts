@@ -16,13 +16,15 @@
  * Every store but memory: checks, before its first operation, that this process's settings
  * (BATON_MAX_OPERATION_MS) are the ones the store records for all its hosts, and records
  * them at the first write (SettingsCheckedObjectStore in probe.ts).
- * Layers, bottom up: the store; injected faults (tests); the settings check; retries.
+ * Layers, bottom up: the store; injected faults (tests); counting (`instrument`: serve
+ * --metrics, so every attempt the retry layer makes is a request, and injected faults look
+ * like the store's own); the settings check; retries.
  * Opening does not probe; callers that will write run `probeStore` first.
  */
 import { homedir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { InvalidArgumentError } from '../errors.js';
-import { FaultyObjectStore, RetryingObjectStore, type FaultOptions, type RetryOptions } from './decorators.js';
+import { FaultyObjectStore, InstrumentedObjectStore, RetryingObjectStore, type FaultOptions, type RetryOptions } from './decorators.js';
 import { LocalDirObjectStore } from './local-dir.js';
 import { MemoryObjectStore } from './memory.js';
 import type { ObjectStore } from './object-store.js';
@@ -54,6 +56,11 @@ export interface OpenStoreOptions {
    * "10% errors"). Also read from $BATON_FAULTS as JSON, e.g. {"latencyMs":20}.
    */
   faults?: FaultOptions;
+  /**
+   * Count requests, outcomes, bytes and latency (InstrumentedObjectStore, beneath the retry
+   * layer). Off unless asked (serve --metrics): it adds a timer read and a promise per request.
+   */
+  instrument?: boolean;
 }
 
 export function faultsFromEnv(env: NodeJS.ProcessEnv = process.env): FaultOptions | undefined {
@@ -86,6 +93,7 @@ export function openStore(url: string, opts: OpenStoreOptions = {}): ObjectStore
   const plain = openPlainStore(url, opts);
   // Faults go beneath the retry layer, so what the engine sees is what retries leave over.
   let store: ObjectStore = faults ? new FaultyObjectStore(plain, faults) : plain;
+  if (opts.instrument) store = new InstrumentedObjectStore(store);
   // A memory: store lives and dies with this process: nobody else to agree with.
   if (!(plain instanceof MemoryObjectStore)) store = new SettingsCheckedObjectStore(store, opts.settings ?? processSettings());
   if (plain instanceof LazyObjectStore || faults) {

@@ -278,6 +278,7 @@ export class SettingsCheckedObjectStore implements ObjectStore {
         putParts: (key, parts, options) => (this.#state === 'ok'
           ? inner.putParts(key, parts, options)
           : this.#ready(true).then(() => inner.putParts(key, parts, options))),
+        ...(inner.reads ? { reads: inner.reads } : {}),
       };
     }
   }

@@ -431,7 +431,7 @@ export class StoreCatalog implements VolumeCatalog {
   }
 
   async list(): Promise<StoreVolumeInfo[]> {
-    const recs = await this.allRecords();
+    const recs = await this.allRecordsKnown();
     const byName = new Map(recs.map((r) => [r.name, r]));
     return mapLimit(recs, 8, (r) => this.describe(r, r.snapshot ? byName.get(volumeNameOf(r.name)) ?? null : null));
   }

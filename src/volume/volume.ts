@@ -40,6 +40,7 @@ import { randomId, systemWorld, type TimerHandle, type World } from '../clock.js
 import type { Logger } from '../log.js';
 import { Hydration, type HydrateOptions, type HydrationStatus, type ObjectPiece } from './hydrate.js';
 import { WorkingSet } from './working-set.js';
+import { DurationHistogram } from '../histogram.js';
 import { PUT_ID_META } from '../store/decorators.js';
 import { listAll, type LocalObjects, type ObjectStore } from '../store/object-store.js';
 import {
@@ -160,6 +161,8 @@ interface CommitAttempt {
   dropped: boolean;
   /** Why: the error of the attempt that did not land (its run's flushes fail with it). */
   droppedBy?: unknown;
+  /** World time when it was packed: its commit latency runs from here to landing, retries included. */
+  startedAt: number;
 }
 
 const EMPTY = Buffer.alloc(0);
@@ -196,6 +199,8 @@ export interface VolumeStats {
   dirtyBytes: number;
   sealedBytes: number;
   commits: number;
+  /** Bytes the landed commits put into the store: segments and log records. */
+  committedBytes: number;
   lastCommitSeq: number;
   lastFlushAt: string | null;
   extents: number;
@@ -308,6 +313,10 @@ export class Volume implements BlockBackend {
    */
   private readonly readEnds = new Map<number, number>();
   private commits = 0;
+  /** Bytes landed commits put (their segments and records), for serve --metrics. */
+  private committedBytes = 0;
+  /** Seal to landing of each landed commit (serve --metrics reads it at scrape time). */
+  readonly commitSeconds = new DurationHistogram();
   private lastFlushAt: string | null = null;
   /**
    * What this volume's clients read and wrote lately (working-set.ts): loaded from the
@@ -1375,12 +1384,12 @@ export class Volume implements BlockBackend {
       // The layout before issue 16 (v2 record, raw data): built now, as it always was.
       const header = this.newHeader('commit', seq, this.token, segments.map((s) => ({ key: s.key, size: s.size })), extents, partBytes, after, 2);
       const { body, dataStart } = encodeLogRecord(header, parts);
-      return { seq, id: header.id!, header, body, dataStart, segments, inlineParts: null, layer, state: 'packed', after, landed: deferred(), owner, dropped: false };
+      return { seq, id: header.id!, header, body, dataStart, segments, inlineParts: null, layer, state: 'packed', after, landed: deferred(), owner, dropped: false, startedAt: this.world.now() };
     }
     // Framed: the frames are encoded in upload (a slice per turn of the event loop), and the
     // record, whose header carries every object's frame index, is built once they all are.
     const header = this.newHeader('commit', seq, this.token, [], extents, 0, after, 3);
-    return { seq, id: header.id!, header, body: EMPTY, dataStart: 0, segments, inlineParts: parts, layer, state: 'packed', after, landed: deferred(), owner, dropped: false };
+    return { seq, id: header.id!, header, body: EMPTY, dataStart: 0, segments, inlineParts: parts, layer, state: 'packed', after, landed: deferred(), owner, dropped: false, startedAt: this.world.now() };
   }
 
   /**
@@ -1517,6 +1526,10 @@ export class Volume implements BlockBackend {
     a.layer.attempt = undefined;
     this.commits++;
     this.lastFlushAt = a.header.time;
+    let bytes = a.body.length;
+    for (const seg of a.segments) bytes += seg.size;
+    this.committedBytes += bytes;
+    this.commitSeconds.observe((this.world.now() - a.startedAt) / 1000);
     this.maybeCheckpoint();
   }
 
@@ -1708,7 +1721,7 @@ export class Volume implements BlockBackend {
 
   stats(): VolumeStats {
     return {
-      dirtyBytes: this.dirtyBytes, sealedBytes: this.heldBytes - this.dirtyBytes, commits: this.commits,
+      dirtyBytes: this.dirtyBytes, sealedBytes: this.heldBytes - this.dirtyBytes, commits: this.commits, committedBytes: this.committedBytes,
       lastCommitSeq: this.nextSeq - 1, lastFlushAt: this.lastFlushAt, extents: this.committed.size,
       bufferedExtents: this.sealed.reduce((n, l) => n + l.map.size, this.dirty.size), fenced: this.isFenced,
       workingSetChunks: this.workingSet.size, hydration: this.hydrationStatus,

@@ -240,6 +240,12 @@ export class SimLeaseManager implements LeaseManager {
     });
   }
 
+  /** A round trip to the service (nothing in the simulation calls it: serve's /readyz does). */
+  ping(): Promise<void> {
+    if (this.closed) return Promise.reject(new StoreUnavailableError('lease manager closed'));
+    return this.call('ping', () => undefined);
+  }
+
   async acquire(volume: string, holder: string, options: AcquireOptions = {}): Promise<Lease> {
     checkHolderId(holder);
     const { waitMs, minToken } = checkAcquireOptions(options);

@@ -460,9 +460,9 @@ redisTest('redis+cluster: revoke keeps the counter in the volume\'s slot', async
   const admin = new Redis({ port, host: '127.0.0.1', lazyConnect: true, retryStrategy: (n) => (n > 50 ? null : 50) });
   admin.on('error', () => {});
   t.teardown(() => admin.disconnect());
-  t.true(await until(async () => { try { await admin.connect(); return true; } catch { return false; } }, 5000, 50), 'redis up');
+  t.true(await until(async () => { try { await admin.connect(); return true; } catch { return false; } }, 20_000, 50), 'redis up'); // generous: a loaded CI machine
   await admin.call('CLUSTER', 'ADDSLOTSRANGE', '0', '16383');
-  t.true(await until(async () => String(await admin.call('CLUSTER', 'INFO')).includes('cluster_state:ok'), 5000, 20), 'cluster up');
+  t.true(await until(async () => String(await admin.call('CLUSTER', 'INFO')).includes('cluster_state:ok'), 20_000, 20), 'cluster up');
   const url = `redis+cluster://127.0.0.1:${port}`;
   const a = await openRedisLeaseManager(url, { ttlMs: 3000 });
   const b = await openRedisLeaseManager(url, { ttlMs: 3000 });
