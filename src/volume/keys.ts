@@ -70,7 +70,11 @@ export function loadMasterKey(keyFile: string | undefined, env: NodeJS.ProcessEn
   if (file !== undefined) {
     let b: Buffer;
     try { b = readFileSync(file); } catch (err) { throw new InvalidArgumentError(`cannot read the key file ${file}: ${(err as Error).message}`); }
-    return masterKey(b.length === MASTER_KEY_BYTES ? b : parseKeyText(b.toString('utf8'), `key file ${file}`));
+    // 32 bytes are the key itself, unless they are all printable text: 32 hex digits (a 16-byte
+    // key written as hex) would otherwise be taken as a key made of those characters. A random
+    // 32-byte key is all printable ASCII with probability (95/256)^32, about 2^-46.
+    const text = b.every((c) => c >= 0x20 && c < 0x7f);
+    return masterKey(b.length === MASTER_KEY_BYTES && !text ? b : parseKeyText(b.toString('utf8'), `key file ${file}`));
   }
   if (env.BATON_KEY) return masterKey(parseKeyText(env.BATON_KEY, 'BATON_KEY'));
   return null;
