@@ -85,14 +85,16 @@ function secondsArg(v: string): number {
 const storeOption = (): Option =>
   new Option('--store <url>', 'where volumes live: file:DIR, s3://bucket[/prefix], memory:').default(defaultStoreUrl(), '$BATON_STORE or file:~/.local/share/baton/store');
 
-interface StoreFlags { store: string; endpoint?: string; region?: string }
+interface StoreFlags { store: string; endpoint?: string; region?: string; keyFile?: string }
 
 /** The options every command that touches a store takes. */
 function withStore(cmd: Command): Command {
   return cmd
     .addOption(storeOption())
     .addOption(new Option('--endpoint <url>', 'S3-compatible endpoint (MinIO, Ceph RGW, R2...); credentials come from the AWS chain').env('BATON_S3_ENDPOINT'))
-    .addOption(new Option('--region <region>', 'S3 region').env('AWS_REGION'));
+    .addOption(new Option('--region <region>', 'S3 region').env('AWS_REGION'))
+    // Encrypted volumes (issue 16): read when one is created, forked or opened; never a key on the command line.
+    .option('--key-file <file>', 'master key of encrypted volumes (32 bytes raw, or 64 hex digits or base64 text); else BATON_KEY_FILE or BATON_KEY from the environment');
 }
 
 /**
@@ -100,7 +102,7 @@ function withStore(cmd: Command): Command {
  * included, then fail with a message naming the store and its endpoint; serve chooses its own.
  */
 function catalogFor(o: StoreFlags, extra: CatalogOptions = {}) {
-  return openCatalog(o.store, { retry: { budgetMs: INTERACTIVE_RETRY_BUDGET_MS }, ...extra, ...(o.endpoint ? { endpoint: o.endpoint } : {}), ...(o.region ? { region: o.region } : {}) });
+  return openCatalog(o.store, { retry: { budgetMs: INTERACTIVE_RETRY_BUDGET_MS }, ...(o.keyFile !== undefined ? { keyFile: o.keyFile } : {}), ...extra, ...(o.endpoint ? { endpoint: o.endpoint } : {}), ...(o.region ? { region: o.region } : {}) });
 }
 
 /** Aligned columns for humans (stdout); the first row is the header. */
@@ -179,7 +181,6 @@ withStore(program.command('serve')
   .option('--hydrate-concurrency <n>', 'hydration GETs in flight per volume (its share of the store\'s bandwidth; guest reads never wait behind them)', positiveIntArg, DEFAULT_HYDRATE_CONCURRENCY)
   .addOption(new Option('--hydrate-max <size>', 'fetch at most this much per volume (default three quarters of --cache-size)').argParser(sizeArg))
   .addOption(durationOption('--stats-interval <duration>', 'log RSS, heap, event-loop delay (p50/p99/max since the last line) and read-cache counters at info level this often (0: never)', 0))
-  .option('--key-file <file>', 'master key of encrypted volumes (32 bytes, raw, hex or base64); or BATON_KEY_FILE / BATON_KEY in the environment')
   .addOption(new Option('--compression <on|off>', 'off: store new data uncompressed, for every volume served (it is still framed and checksummed); on: as each volume\'s record says').choices(['on', 'off']).default('on'))
   .option('--metrics <[host:]port>', 'serve Prometheus metrics at /metrics and health at /healthz, /readyz on this address (a bare port listens on 127.0.0.1)', (v: string) => {
     try { return parseMetricsAddress(v); } catch (err) { throw new CommanderInvalidArgument(errorMessage(err)); }
@@ -208,11 +209,11 @@ a fork's first attach, a restart) fetches those parts into its read cache in the
 background, most recently used first, within --hydrate-max and --hydrate-concurrency; a
 host waiting for another to hand a volume over starts while it waits. A file: store needs
 none (its objects are read in place). baton status shows its progress.`)
-  .action(async (opts: StoreFlags & LeaseFlags & { listen: string; socket?: string; cacheDir: string; cacheSize: number; readOnly?: boolean; create?: string; size?: number; handshakeTimeout: number; maxConnections: number; idleGrace: number; logLevel: string; onHeld: OnHeld; heldWait: number; gcInterval: number; gcGrace: number; compactBelow: number; statsInterval: number; hydrate: HydrateMode; hydrateConcurrency: number; hydrateMax?: number; metrics?: { host: string; port: number }; keyFile?: string; compression: 'on' | 'off' }) => {
+  .action(async (opts: StoreFlags & LeaseFlags & { listen: string; socket?: string; cacheDir: string; cacheSize: number; readOnly?: boolean; create?: string; size?: number; handshakeTimeout: number; maxConnections: number; idleGrace: number; logLevel: string; onHeld: OnHeld; heldWait: number; gcInterval: number; gcGrace: number; compactBelow: number; statsInterval: number; hydrate: HydrateMode; hydrateConcurrency: number; hydrateMax?: number; metrics?: { host: string; port: number }; compression: 'on' | 'off' }) => {
     const log = makeLogger(opts.logLevel);
     if (opts.size !== undefined && !opts.create) throw new InvalidArgumentError('--size is the size of the volume --create NAME makes; without --create it would do nothing (volumes are made with baton create NAME --size SIZE)');
     const catalog = catalogFor(opts, { log, cacheDir: opts.cacheDir, cacheSize: opts.cacheSize, retry: { budgetMs: DEFAULT_RETRY_BUDGET_MS }, instrument: !!opts.metrics,
-      ...(opts.keyFile !== undefined ? { keyFile: opts.keyFile } : {}), ...(opts.compression === 'off' ? { volume: { compress: false } } : {}),
+      ...(opts.compression === 'off' ? { volume: { compress: false } } : {}),
     });
     // Metrics first: /healthz answers and /readyz says what it waits for while the store is
     // probed (which waits for as long as the store does not answer). Filled in as things start.
@@ -282,7 +283,6 @@ withStore(program.command('create')
   .requiredOption('--size <size>', 'logical size, e.g. 10G, 512M', sizeArg)
   .addOption(new Option('--compression <codec>', 'compress its data (per 32 KiB frame; frames that do not shrink are stored as they are)').choices(['lz4', 'none']).default('lz4'))
   .option('--encrypt', 'encrypt its data at rest (AES-256-GCM) with a data key of its own, wrapped by the master key (--key-file)')
-  .option('--key-file <file>', 'master key for --encrypt (32 bytes, raw, hex or base64); or BATON_KEY_FILE / BATON_KEY in the environment')
   .addOption(new Option('--data-format <format>', 'framed (checksummed frames) or raw (the layout before frames: no checksums; tests and benchmarks)').choices(['framed', 'raw']).default('framed').hideHelp())
   .option('--json', 'print the new volume as JSON')
   .addHelpText('after', `
@@ -297,8 +297,8 @@ data. An encrypted volume (and every fork of it: forks get a data key of their o
 needs the key too, from BATON_KEY_FILE or BATON_KEY) is served only by a process given its
 master key: baton serve --key-file FILE. Metadata (names, sizes, which ranges were written,
 compressed sizes, timing) is not encrypted.`)
-  .action(async (name: string, opts: StoreFlags & { size: number; json?: boolean; compression: 'lz4' | 'none'; encrypt?: boolean; keyFile?: string; dataFormat: 'framed' | 'raw' }) => {
-    const v = await catalogFor(opts, opts.keyFile !== undefined ? { keyFile: opts.keyFile } : {}).create(name, opts.size, { compression: opts.compression, encrypt: !!opts.encrypt, format: opts.dataFormat });
+  .action(async (name: string, opts: StoreFlags & { size: number; json?: boolean; compression: 'lz4' | 'none'; encrypt?: boolean; dataFormat: 'framed' | 'raw' }) => {
+    const v = await catalogFor(opts).create(name, opts.size, { compression: opts.compression, encrypt: !!opts.encrypt, format: opts.dataFormat });
     // memory: and ram: live in this process: the volume is gone as soon as we exit.
     const gone = isProcessLocalStore(opts.store)
       ? `${opts.store} keeps volumes only while the process that made them runs, so ${v.name} is gone now that baton create exits; `
