@@ -22,7 +22,8 @@
  * 3. FLUSH: fio randwrite 4 KiB QD1 with fsync=1 for RUNTIME seconds per setting (rotated):
  *    FLUSH p50/p99.
  *
- * Knobs: SIZE (512M), REPEAT (3), RUNTIME (10), WORKSPACES (1; 0 skips part 1's
+ * 2 and 3 run on the file: store and, with RGW (1, needs radosgw), on a loopback radosgw.
+ * Knobs: SIZE (512M), REPEAT (3), RUNTIME (10), RGW (1), WORKSPACES (1; 0 skips part 1's
  * ext4 rows, which need root), SEED (1). Results: bench/results/frames.md and .json.
  */
 
@@ -36,7 +37,7 @@ import { git, makeNpmProject, makeSourceRepo, npmEnv } from '../test/helpers/wor
 import { rngFrom } from '../test/helpers/writer.js';
 import {
   BATON_BIN, MiB, REPO_ROOT, attachExt4, envFlag, envNumber, envSize, fmt, has, limitGoal, machineInfo, makeRandomFile, makeTempDir, markdownTable, median, ratioGoal, runCommand, runFio,
-  runNbdcopy, startBaton, writeResults, type GoalRow, type Server,
+  runNbdcopy, startBaton, startRgwBucket, writeResults, type GoalRow, type Server,
 } from './lib.js';
 
 const SIZE = envSize('SIZE', '512M');
@@ -44,6 +45,7 @@ const REPEAT = Math.max(1, Math.floor(envNumber('REPEAT', 3)));
 const RUNTIME = Math.max(1, Math.floor(envNumber('RUNTIME', 10)));
 const SEED = Math.floor(envNumber('SEED', 1)) >>> 0;
 const IS_ROOT = process.getuid?.() === 0;
+const RGW = envFlag('RGW', true) && has('radosgw');
 const WORKSPACES = envFlag('WORKSPACES', true) && IS_ROOT && ['nbdfuse', 'losetup', 'mkfs.ext4', 'git', 'npm'].every(has);
 
 const SETTINGS = {
@@ -138,8 +140,38 @@ async function randomRow(ctx: Ctx, s: Setting, src: string): Promise<RatioRow> {
 
 // ------------------------------------------------------------------ 2, 3. throughput and FLUSH
 
-interface CopyRow { pass: number; data: 'random' | 'text'; setting: Setting; writeMiBs: number; readMiBs: number; load: string }
-interface FlushRow { pass: number; setting: Setting; p50: number; p99: number; iops: number; load: string }
+interface CopyRow { store: string; pass: number; data: 'random' | 'text'; setting: Setting; writeMiBs: number; readMiBs: number; load: string }
+interface FlushRow { store: string; pass: number; setting: Setting; p50: number; p99: number; iops: number; load: string }
+
+async function throughput(ctx: Ctx, store: string, randomPath: string, textPath: string, copies: CopyRow[], flushes: FlushRow[], loads: string[]): Promise<void> {
+  // ---- 2. throughput, rotated
+  for (let pass = 0; pass < REPEAT; pass++) {
+    const order = ALL.map((_, i) => ALL[(i + pass) % ALL.length]!);
+    for (const data of ['random', 'text'] as const) {
+      for (const s of order) {
+        const name = create(ctx, s, SIZE, `tp-${data}`);
+        const l = load();
+        const w = await runNbdcopy(data === 'random' ? randomPath : textPath, uri(ctx, name), SIZE, { flush: true });
+        const r = await runNbdcopy(uri(ctx, name), 'null:', SIZE);
+        copies.push({ store, pass, data, setting: s, writeMiBs: w.mibPerSec, readMiBs: r.mibPerSec, load: l });
+        log(`  [${store}] pass ${pass + 1} ${data} ${s}: write ${fmt(w.mibPerSec)} MiB/s, read ${fmt(r.mibPerSec)} MiB/s (load ${l})`);
+        await new Promise((res) => setTimeout(res, 400)); // idle close
+        cli(ctx, ['rm', name]);
+      }
+    }
+    // ---- 3. FLUSH latency, rotated
+    for (const s of order) {
+      const name = create(ctx, s, 256 * MiB, 'flush');
+      const l = load();
+      const f = await runFio({ name: `flush-${s.replace('+', '-')}`, rw: 'randwrite', bs: '4k', iodepth: 1, runtime: RUNTIME, size: 256 * MiB, ioengine: 'nbd', uri: uri(ctx, name), fsync: 1 }, ctx.root);
+      flushes.push({ store, pass, setting: s, p50: f.syncUs?.p50 ?? NaN, p99: f.syncUs?.p99 ?? NaN, iops: f.iops, load: l });
+      log(`  [${store}] pass ${pass + 1} flush ${s}: p50 ${fmt(f.syncUs?.p50)} µs, p99 ${fmt(f.syncUs?.p99)} µs, ${fmt(f.iops)} writes/s (load ${l})`);
+      await new Promise((res) => setTimeout(res, 400));
+      cli(ctx, ['rm', name]);
+    }
+    loads.push(load());
+  }
+}
 
 async function main(): Promise<void> {
   for (const tool of ['nbdcopy', 'fio']) if (!has(tool)) { log(`frames: skipped: ${tool} is missing`); return; }
@@ -196,32 +228,22 @@ async function main(): Promise<void> {
     await serve(ctx);
     loads.push(load());
 
-    // ---- 2. throughput, rotated
-    for (let pass = 0; pass < REPEAT; pass++) {
-      const order = ALL.map((_, i) => ALL[(i + pass) % ALL.length]!);
-      for (const data of ['random', 'text'] as const) {
-        for (const s of order) {
-          const name = create(ctx, s, SIZE, `tp-${data}`);
-          const l = load();
-          const w = await runNbdcopy(data === 'random' ? randomFile.path : textFile, uri(ctx, name), SIZE, { flush: true });
-          const r = await runNbdcopy(uri(ctx, name), 'null:', SIZE);
-          copies.push({ pass, data, setting: s, writeMiBs: w.mibPerSec, readMiBs: r.mibPerSec, load: l });
-          log(`  pass ${pass + 1} ${data} ${s}: write ${fmt(w.mibPerSec)} MiB/s, read ${fmt(r.mibPerSec)} MiB/s (load ${l})`);
-          await new Promise((res) => setTimeout(res, 400)); // idle close
-          cli(ctx, ['rm', name]);
+    await throughput(ctx, 'file:', randomFile.path, textFile, copies, flushes, loads);
+    await ctx.server!.stop();
+    ctx.server = null;
+    if (RGW) {
+      const { rgw } = await startRgwBucket(path.join(root, 'rgw'), 'bench');
+      try {
+        const rctx: Ctx = { root: makeTempDir('baton-bench-frames-rgw-', root), store: 's3://bench/frames', env: { ...ctx.env, ...rgw.env }, server: null, n: 0 };
+        await serve(rctx);
+        try {
+          await throughput(rctx, 'radosgw', randomFile.path, textFile, copies, flushes, loads);
+        } finally {
+          await rctx.server?.stop();
         }
+      } finally {
+        await rgw.stop();
       }
-      // ---- 3. FLUSH latency, rotated
-      for (const s of order) {
-        const name = create(ctx, s, 256 * MiB, 'flush');
-        const l = load();
-        const f = await runFio({ name: `flush-${s.replace('+', '-')}`, rw: 'randwrite', bs: '4k', iodepth: 1, runtime: RUNTIME, size: 256 * MiB, ioengine: 'nbd', uri: uri(ctx, name), fsync: 1 }, root);
-        flushes.push({ pass, setting: s, p50: f.syncUs?.p50 ?? NaN, p99: f.syncUs?.p99 ?? NaN, iops: f.iops, load: l });
-        log(`  pass ${pass + 1} flush ${s}: p50 ${fmt(f.syncUs?.p50)} µs, p99 ${fmt(f.syncUs?.p99)} µs, ${fmt(f.iops)} writes/s (load ${l})`);
-        await new Promise((res) => setTimeout(res, 400));
-        cli(ctx, ['rm', name]);
-      }
-      loads.push(load());
     }
   } finally {
     await ctx.server?.stop();
@@ -231,38 +253,48 @@ async function main(): Promise<void> {
 
 function report(machine: ReturnType<typeof machineInfo>, ratio: RatioRow[], copies: CopyRow[], flushes: FlushRow[], loads: string[], onTmpfs: boolean): void {
   const med = (xs: number[]): number => median(xs.filter(Number.isFinite));
-  const tp = (data: string, s: Setting, k: 'writeMiBs' | 'readMiBs'): number => med(copies.filter((c) => c.data === data && c.setting === s).map((c) => c[k]));
-  const fl = (s: Setting, k: 'p50' | 'p99'): number => med(flushes.filter((f) => f.setting === s).map((f) => f[k]));
+  const stores = [...new Set(copies.map((c) => c.store))];
+  const tpOf = (st: string, data: string, s: Setting, k: 'writeMiBs' | 'readMiBs'): number => med(copies.filter((c) => c.store === st && c.data === data && c.setting === s).map((c) => c[k]));
+  const flOf = (st: string, s: Setting, k: 'p50' | 'p99'): number => med(flushes.filter((f) => f.store === st && f.setting === s).map((f) => f[k]));
   const goals: GoalRow[] = [];
   const rr = (w: string, s: Setting): RatioRow | undefined => ratio.find((r) => r.workload === w && r.setting === s);
   for (const w of ['seed', 'real', 'random']) {
     const r = rr(w, 'lz4');
     if (r) goals.push(limitGoal(`store ÷ logical bytes, ${w === 'random' ? 'random data' : `${w} workspace`} (lz4, after GC)`, r.storeAfterGc / r.written, '×', '≤', w === 'random' ? 1.01 : 0.5));
   }
-  for (const data of ['random', 'text']) {
-    for (const k of ['writeMiBs', 'readMiBs'] as const) {
-      goals.push(ratioGoal(`sequential ${k === 'writeMiBs' ? 'write' : 'read'} (${data}), lz4 + checksums ÷ raw`, tp(data, 'lz4', k), 'raw', tp(data, 'raw', k), 'MiB/s', 0.9));
-      goals.push(ratioGoal(`sequential ${k === 'writeMiBs' ? 'write' : 'read'} (${data}), encrypted ÷ raw`, tp(data, 'lz4+enc', k), 'raw', tp(data, 'raw', k), 'MiB/s', 0.8));
+  for (const st of stores) {
+    const tp = (data: string, s: Setting, k: 'writeMiBs' | 'readMiBs'): number => tpOf(st, data, s, k);
+    const fl = (s: Setting, k: 'p50' | 'p99'): number => flOf(st, s, k);
+    for (const data of ['random', 'text']) {
+      for (const k of ['writeMiBs', 'readMiBs'] as const) {
+        goals.push(ratioGoal(`[${st}] sequential ${k === 'writeMiBs' ? 'write' : 'read'} (${data}), lz4 + checksums ÷ raw`, tp(data, 'lz4', k), 'raw', tp(data, 'raw', k), 'MiB/s', 0.9));
+        goals.push(ratioGoal(`[${st}] sequential ${k === 'writeMiBs' ? 'write' : 'read'} (${data}), encrypted ÷ raw`, tp(data, 'lz4+enc', k), 'raw', tp(data, 'raw', k), 'MiB/s', 0.8));
+      }
     }
+    goals.push(limitGoal(`[${st}] FLUSH p50, lz4 + checksums − raw`, (fl('lz4', 'p50') - fl('raw', 'p50')) / 1000, 'ms', '≤', 1));
+    goals.push(limitGoal(`[${st}] FLUSH p50, encrypted − raw`, (fl('lz4+enc', 'p50') - fl('raw', 'p50')) / 1000, 'ms', '≤', 1));
   }
-  goals.push(limitGoal('FLUSH p50, lz4 + checksums − raw', (fl('lz4', 'p50') - fl('raw', 'p50')) / 1000, 'ms', '≤', 1));
-  goals.push(limitGoal('FLUSH p50, encrypted − raw', (fl('lz4+enc', 'p50') - fl('raw', 'p50')) / 1000, 'ms', '≤', 1));
 
   const L: string[] = [];
   L.push('# frames: compression, checksums, encryption (issue 16)', '');
-  L.push(`${machine.date.slice(0, 16).replace('T', ' ')} UTC, ${machine.nproc} cores, baton ${machine.batonCommit ?? '?'}; load average ${loads.join(' → ')} (at start, after the ratio part, after each pass). Knobs: SIZE=${formatSize(SIZE)}, REPEAT=${REPEAT}, RUNTIME=${RUNTIME}, WORKSPACES=${WORKSPACES ? 1 : 0}. Produced by \`node dist/bench/frames.js\`. Every row is this build, one \`baton serve\` on a \`file:\` store; the settings differ only in \`baton create\` options: raw = \`--data-format raw\` (no frames, no checks: the layout before issue 16), crc = \`--compression none\`, lz4 = default, lz4+enc = \`--encrypt\`. Random input ${onTmpfs ? 'on tmpfs' : 'in the temp dir'}.`, '');
+  L.push(`${machine.date.slice(0, 16).replace('T', ' ')} UTC, ${machine.nproc} cores, baton ${machine.batonCommit ?? '?'}; load average ${loads.join(' → ')} (at start, after the ratio part, after each pass). Knobs: SIZE=${formatSize(SIZE)}, REPEAT=${REPEAT}, RUNTIME=${RUNTIME}, WORKSPACES=${WORKSPACES ? 1 : 0}, RGW=${RGW ? 1 : 0}. Produced by \`node dist/bench/frames.js\`. Every row is this build, one \`baton serve\` on a \`file:\` store; the settings differ only in \`baton create\` options: raw = \`--data-format raw\` (no frames, no checks: the layout before issue 16), crc = \`--compression none\`, lz4 = default, lz4+enc = \`--encrypt\`. Random input ${onTmpfs ? 'on tmpfs' : 'in the temp dir'}.`, '');
   L.push('## Goals', '', markdownTable(['goal', 'value', 'peer', 'result', 'target', ''], goals.map((g) => [g.goal, g.baton, g.peer, g.result, g.target, g.pass === null ? '?' : g.pass ? '✓' : '✗']), ['l', 'r', 'r', 'r', 'l', 'l']), '');
   L.push('## Store bytes ÷ logical bytes', '', 'logical = the volume\'s written bytes (`baton ls`: what its map names); store = every object under its prefix, right after the build and after `baton gc` until quiet; "accounting" = `ls`\'s written stored bytes.', '');
   L.push(markdownTable(['workload', 'setting', 'logical', 'store (before GC)', 'store (after GC)', 'ratio after GC', 'accounting', 'build s'],
     ratio.map((r) => [r.workload, r.setting, formatSize(r.written), formatSize(r.storeBefore), formatSize(r.storeAfterGc), fmt(r.storeAfterGc / r.written), formatSize(r.writtenStored), fmt(r.buildS)]), ['l', 'l', 'r', 'r', 'r', 'r', 'r', 'r']), '');
-  L.push('## Sequential throughput (nbdcopy, MiB/s, medians of passes)', '');
-  L.push(markdownTable(['data', 'setting', 'write', 'read', 'write ÷ raw', 'read ÷ raw', 'per pass (write / read)'],
-    (['random', 'text'] as const).flatMap((d) => ALL.map((s) => [d, s, fmt(tp(d, s, 'writeMiBs')), fmt(tp(d, s, 'readMiBs')), fmt(tp(d, s, 'writeMiBs') / tp(d, 'raw', 'writeMiBs')), fmt(tp(d, s, 'readMiBs') / tp(d, 'raw', 'readMiBs')),
-      copies.filter((c) => c.data === d && c.setting === s).map((c) => `${fmt(c.writeMiBs)}/${fmt(c.readMiBs)}`).join(', ')])), ['l', 'l', 'r', 'r', 'r', 'r', 'l']), '');
-  L.push('## FLUSH latency (fio randwrite 4k QD1 fsync=1, µs, medians of passes)', '');
-  L.push(markdownTable(['setting', 'p50', 'p99', 'p50 − raw', 'per pass p50'],
-    ALL.map((s) => [s, fmt(fl(s, 'p50')), fmt(fl(s, 'p99')), fmt(fl(s, 'p50') - fl('raw', 'p50')), flushes.filter((f) => f.setting === s).map((f) => fmt(f.p50)).join(', ')]), ['l', 'r', 'r', 'r', 'l']), '');
-  const out = writeResults('frames', L.join('\n'), { machine, loads, knobs: { SIZE, REPEAT, RUNTIME, WORKSPACES }, ratio, copies, flushes, goals });
+  for (const st of stores) {
+    const tp = (data: string, s: Setting, k: 'writeMiBs' | 'readMiBs'): number => tpOf(st, data, s, k);
+    const fl = (s: Setting, k: 'p50' | 'p99'): number => flOf(st, s, k);
+    L.push(`## Sequential throughput on ${st} (nbdcopy, MiB/s, medians of passes)`, '');
+    if (st === 'radosgw') L.push('The read follows the write on the same server: it is served from the read cache the write filled (stored bytes, decoded and checked on every read).', '');
+    L.push(markdownTable(['data', 'setting', 'write', 'read', 'write ÷ raw', 'read ÷ raw', 'per pass (write / read)'],
+      (['random', 'text'] as const).flatMap((d) => ALL.map((s) => [d, s, fmt(tp(d, s, 'writeMiBs')), fmt(tp(d, s, 'readMiBs')), fmt(tp(d, s, 'writeMiBs') / tp(d, 'raw', 'writeMiBs')), fmt(tp(d, s, 'readMiBs') / tp(d, 'raw', 'readMiBs')),
+        copies.filter((c) => c.store === st && c.data === d && c.setting === s).map((c) => `${fmt(c.writeMiBs)}/${fmt(c.readMiBs)}`).join(', ')])), ['l', 'l', 'r', 'r', 'r', 'r', 'l']), '');
+    L.push(`## FLUSH latency on ${st} (fio randwrite 4k QD1 fsync=1, µs, medians of passes)`, '');
+    L.push(markdownTable(['setting', 'p50', 'p99', 'p50 − raw', 'per pass p50'],
+      ALL.map((s) => [s, fmt(fl(s, 'p50')), fmt(fl(s, 'p99')), fmt(fl(s, 'p50') - fl('raw', 'p50')), flushes.filter((f) => f.store === st && f.setting === s).map((f) => fmt(f.p50)).join(', ')]), ['l', 'r', 'r', 'r', 'l']), '');
+  }
+  const out = writeResults('frames', L.join('\n'), { machine, loads, knobs: { SIZE, REPEAT, RUNTIME, WORKSPACES, RGW }, ratio, copies, flushes, goals });
   log(`frames: results in ${out.md}`);
   process.stdout.write(L.join('\n') + '\n');
 }
