@@ -24,16 +24,28 @@
  * `node --cpu-prof` and lists the hottest functions; the numbers of such a run are not
  * comparable), METRICS (0: 1 also measures every baton store with `serve --metrics`, scraped
  * once a second as Prometheus would, next to the same store without, in the same run: issue
- * 14's overhead bound), PEERS (1: 0 leaves the nbdkit peers out).
+ * 14's overhead bound), PEERS (1: 0 leaves the nbdkit peers out), TLS (0: 1 also measures
+ * every server over TLS, next to itself in plaintext: `baton serve --tls require
+ * --tls-certificates DIR` against `nbdkit --tls=require --tls-certificates=DIR`, the same
+ * certificates made for the run, the same clients).
+ *
+ * Over TLS, nbdcopy gets the CA with `tls-certificates=` in its URI and verifies the server;
+ * fio's nbd engine cannot (libnbd refuses URI parameters naming local files unless the
+ * program allows them, and fio does not), so fio connects with `nbds+unix://` alone, which
+ * libnbd 1.14 encrypts without verifying the server over a Unix socket. Encryption is the
+ * same either way; only the check of the server's certificate at connect time differs, and
+ * it is the same for both servers. No client certificates (--tls-verify-peer) for the same
+ * reason: fio could not present one.
  * Results: bench/results/nbd-throughput.md (tables) and .json (everything, incl. raw fio jobs
  * and the goal rows); with PROFILE=1 nbd-throughput-profile.md/.json, with METRICS=1
- * nbd-throughput-metrics.md/.json instead.
+ * nbd-throughput-metrics.md/.json, with TLS=1 nbd-throughput-tls.md/.json instead.
  */
 
 import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import { formatSize } from '../src/size.js';
+import { makeCa, makeClientDir, makeServerDir } from '../test/helpers/tls-pki.js';
 import {
   RESULTS_DIR, envFlag, envNumber, envSize, fmt, fmtRatio, has, machineInfo, makeRandomFile, makeTempDir,
   goalsTable, markdownTable, median, ratio, ratioGoal, runFio, runNbdcopy, shellQuote, startBaton, startNbdkit, summarizeCpuProfile,
@@ -53,6 +65,7 @@ const SCRAPE_EVERY_MS = 1000;
 const METRICS_MIN_RATIO = 0.97;
 const VOLUME = 'bench';
 const BATON_STORES = (process.env.BATON_STORES || 'ram:,file:').split(',').map((x) => x.trim()).filter(Boolean);
+const TLS = envFlag('TLS', false);
 
 /** What one pass runs against. `id` names the column ("baton file:", "nbdkit file", "local"). */
 interface Target {
@@ -62,6 +75,13 @@ interface Target {
   store?: string;
   /** baton with `serve --metrics`, scraped every SCRAPE_EVERY_MS while measured. */
   metrics?: boolean;
+  /** Served with --tls require (TLS=1); its id ends in " +TLS". */
+  tls?: boolean;
+}
+
+/** The nbdkit target a baton target is measured against: the same plugin job, TLS or not. */
+function peerId(t: Target): string {
+  return `nbdkit ${peerPlugin(t.store!)}${t.tls ? ' +TLS' : ''}`;
 }
 
 /** The natural peer of a baton store: nbdkit's plugin that does the same job. */
@@ -74,6 +94,8 @@ const STORE_GOALS: Record<string, { metric: string; min: number }[]> = {
   'ram:': [{ metric: 'seq_write', min: 0.8 }, { metric: 'seq_read', min: 0.8 }],
   'file:': [{ metric: 'seq_write', min: 0.8 }, { metric: 'seq_read', min: 0.8 }, { metric: 'randread_iops', min: 0.7 }, { metric: 'randwrite_iops', min: 0.7 }],
 };
+/** Issue 14: over TLS, at least 0.8x nbdkit --tls=require's throughput (any store, against its TLS peer). */
+const TLS_GOALS: { metric: string; min: number }[] = [{ metric: 'seq_write', min: 0.8 }, { metric: 'seq_read', min: 0.8 }];
 
 interface Metric {
   id: string;
@@ -118,6 +140,8 @@ interface RunRecord {
   scrape?: ScrapeRecord;
   serverArgv: string[] | null;
   steps: StepRecord[];
+  /** baton over TLS: protocol and cipher of each TLS session, from its log. */
+  tlsSessions?: { protocol: string; cipher: string }[];
   profileTop?: ProfileEntry[];
   profileFile?: string;
 }
@@ -131,11 +155,14 @@ function fioJob(base: Omit<FioJob, 'runtime' | 'size'>): FioJob {
   return { runtime: RUNTIME, size: SIZE, ...base };
 }
 
-/** The five steps against one target: an NBD URI (engine nbd) or a local file (libaio / psync). */
-function steps(src: string, target: { uri: string } | { file: string }, workDir: string): StepDef[] {
+/**
+ * The five steps against one target: an NBD URI (engine nbd) or a local file (libaio / psync).
+ * `fioUri` is the URI for fio when it must differ from nbdcopy's (TLS: no tls-certificates=).
+ */
+function steps(src: string, target: { uri: string; fioUri?: string } | { file: string }, workDir: string): StepDef[] {
   const dst = 'uri' in target ? target.uri : target.file;
   const io = (qd: number): Pick<FioJob, 'ioengine' | 'uri' | 'filename'> =>
-    'uri' in target ? { ioengine: 'nbd', uri: target.uri } : { ioengine: qd > 1 ? 'libaio' : 'psync', filename: target.file };
+    'uri' in target ? { ioengine: 'nbd', uri: target.fioUri ?? target.uri } : { ioengine: qd > 1 ? 'libaio' : 'psync', filename: target.file };
   return [
     {
       step: 'seq_write',
@@ -235,18 +262,27 @@ async function main(): Promise<void> {
 
   // Each baton store (and with METRICS the same with --metrics), then its peer right after it (once per plugin).
   const nbdTargets: Target[] = [];
-  for (const store of BATON_STORES) {
-    nbdTargets.push({ id: `baton ${store}`, kind: 'baton', store });
-    if (WITH_METRICS) nbdTargets.push({ id: `baton ${store} +metrics`, kind: 'baton', store, metrics: true });
-    const plugin = peerPlugin(store);
-    if (haveNbdkit && PEERS && !nbdTargets.some((t) => t.kind === 'nbdkit' && t.store === plugin)) nbdTargets.push({ id: `nbdkit ${plugin}`, kind: 'nbdkit', store: plugin });
+  for (const tls of TLS ? [false, true] : [false]) {
+    const sfx = tls ? ' +TLS' : '';
+    for (const store of BATON_STORES) {
+      nbdTargets.push({ id: `baton ${store}${sfx}`, kind: 'baton', store, tls });
+      if (WITH_METRICS && !tls) nbdTargets.push({ id: `baton ${store} +metrics`, kind: 'baton', store, metrics: true });
+      const plugin = peerPlugin(store);
+      if (haveNbdkit && PEERS && !nbdTargets.some((t) => t.kind === 'nbdkit' && t.store === plugin && !!t.tls === tls)) nbdTargets.push({ id: `nbdkit ${plugin}${sfx}`, kind: 'nbdkit', store: plugin, tls });
+    }
   }
 
   const machine = machineInfo();
   const started = Date.now();
-  log(`nbd-throughput: SIZE=${formatSize(SIZE)} RUNTIME=${RUNTIME}s REPEAT=${REPEAT} BATON_STORES=${BATON_STORES.join(',')} LOCAL=${LOCAL ? 1 : 0} PROFILE=${PROFILE ? 1 : 0} METRICS=${WITH_METRICS ? 1 : 0} PEERS=${PEERS ? 1 : 0}; ${machine.nproc} cores, node ${machine.node}, load ${machine.loadavgAtStart.join(' ')}`);
+  log(`nbd-throughput: SIZE=${formatSize(SIZE)} RUNTIME=${RUNTIME}s REPEAT=${REPEAT} BATON_STORES=${BATON_STORES.join(',')} LOCAL=${LOCAL ? 1 : 0} PROFILE=${PROFILE ? 1 : 0} METRICS=${WITH_METRICS ? 1 : 0} PEERS=${PEERS ? 1 : 0} TLS=${TLS ? 1 : 0}; ${machine.nproc} cores, node ${machine.node}, load ${machine.loadavgAtStart.join(' ')}`);
 
   const work = makeTempDir('baton-bench-');
+  // TLS=1: one CA, the server's directory in nbdkit's layout (both servers read it) and the
+  // client's CA for nbdcopy, made for this run with openssl.
+  const pki = TLS ? (() => {
+    const ca = makeCa(path.join(work, 'pki', 'ca'));
+    return { server: makeServerDir(ca, path.join(work, 'pki', 'server')), client: makeClientDir(ca, ca, path.join(work, 'pki', 'client'), 'bench') };
+  })() : null;
   const rnd = makeRandomFile(SIZE);
   log(`  random source: ${rnd.path} (${rnd.onTmpfs ? 'tmpfs' : 'temp dir'}), generated in ${rnd.seconds.toFixed(1)} s`);
   const localFile = path.join(work, 'local.img');
@@ -270,20 +306,27 @@ async function main(): Promise<void> {
         let scraper: Scraper | null = null;
         try {
           const metricsPort = target.metrics ? await freeTcpPort() : 0;
+          const tlsArgs = target.tls && pki
+            ? (target.kind === 'baton' ? ['--tls', 'require', '--tls-certificates', pki.server] : ['--tls=require', `--tls-certificates=${pki.server}`])
+            : [];
+          const extraArgs = [...tlsArgs, ...(target.metrics ? ['--metrics', `127.0.0.1:${metricsPort}`] : [])];
           server = target.kind === 'baton'
-            ? await startBaton({
-              dir, volume: VOLUME, size: SIZE, store: target.store ?? 'memory:',
-              ...(PROFILE ? { nodeArgs: ['--cpu-prof', `--cpu-prof-dir=${profDir}`] } : {}),
-              ...(target.metrics ? { extraArgs: ['--metrics', `127.0.0.1:${metricsPort}`] } : {}),
-            })
-            : await startNbdkit({ dir, plugin: target.store === 'file' ? ['file', makeSparseFile(path.join(dir, 'nbdkit.img'), SIZE)] : ['memory', String(SIZE)] });
+            // At info level a TLS baton logs one line per connection (protocol, cipher): kept for the report.
+            ? await startBaton({ dir, volume: VOLUME, size: SIZE, store: target.store ?? 'memory:', extraArgs, ...(target.tls ? { logLevel: 'info' } : {}), ...(PROFILE ? { nodeArgs: ['--cpu-prof', `--cpu-prof-dir=${profDir}`] } : {}) })
+            : await startNbdkit({ dir, extraArgs: tlsArgs, plugin: target.store === 'file' ? ['file', makeSparseFile(path.join(dir, 'nbdkit.img'), SIZE)] : ['memory', String(SIZE)] });
           rec.serverArgv = server.argv;
           if (target.metrics) scraper = startMetricsScraper(metricsPort, SCRAPE_EVERY_MS);
-          rec.steps = await runSteps(steps(rnd.path, { uri: server.uri }, dir), server, log);
+          const uri = target.tls ? server.uri.replace(/^nbd\+unix:/, 'nbds+unix:') : server.uri;
+          const nbdTarget = target.tls && pki ? { uri: `${uri}&tls-certificates=${pki.client}`, fioUri: uri } : { uri };
+          rec.steps = await runSteps(steps(rnd.path, nbdTarget, dir), server, log);
           if (scraper) {
             rec.scrape = await scraper.stop();
             log(`    /metrics: ${rec.scrape.scrapes} scrapes (${rec.scrape.errors} failed), p50 ${fmt(rec.scrape.msP50)} ms, max ${fmt(rec.scrape.msMax)} ms, ${rec.scrape.bytes} bytes, ${rec.scrape.requestsCounted} NBD requests counted`);
             if (rec.scrape.errors > 0 || rec.scrape.requestsCounted === 0) throw new Error(`the metrics of this pass are not live: ${JSON.stringify(rec.scrape)}`);
+          }
+          if (target.tls && target.kind === 'baton') {
+            rec.tlsSessions = server.stderr().split('\n').filter((l) => l.includes('"TLS session established"'))
+              .map((l) => JSON.parse(l) as { protocol: string; cipher: string }).map((l) => ({ protocol: l.protocol, cipher: l.cipher }));
           }
         } catch (e) {
           rec.steps.push({ step: 'start', argv: [], values: {}, serverCpuS: null, wallS: 0, error: (e as Error).message });
@@ -306,7 +349,7 @@ async function main(): Promise<void> {
   const report = render(machine, targets, runs, rnd, work, localFile, (finished - started) / 1000);
   const json = {
     benchmark: 'nbd-throughput',
-    knobs: { SIZE, RUNTIME, REPEAT, BATON_STORES, LOCAL, PROFILE, METRICS: WITH_METRICS, PEERS, SCRAPE_EVERY_MS },
+    knobs: { SIZE, RUNTIME, REPEAT, BATON_STORES, LOCAL, PROFILE, METRICS: WITH_METRICS, PEERS, SCRAPE_EVERY_MS, TLS },
     machine,
     loadavgAtEnd: os.loadavg(),
     durationS: (finished - started) / 1000,
@@ -317,8 +360,8 @@ async function main(): Promise<void> {
     runs,
   };
   // A profiled run's numbers are not comparable: keep them apart from the reference table.
-  // A profiled run's, and a metrics run's, numbers go to files of their own (the reference table stays).
-  const written = writeResults(PROFILE ? 'nbd-throughput-profile' : WITH_METRICS ? 'nbd-throughput-metrics' : 'nbd-throughput', report, json);
+  // A profiled run's, a metrics run's and a TLS run's numbers go to files of their own (the reference table stays).
+  const written = writeResults(PROFILE ? 'nbd-throughput-profile' : WITH_METRICS ? 'nbd-throughput-metrics' : TLS ? 'nbd-throughput-tls' : 'nbd-throughput', report, json);
   process.stdout.write(report);
   log(`\nwrote ${path.relative(process.cwd(), written.md)} and ${path.relative(process.cwd(), written.json)} in ${((finished - started) / 1000).toFixed(0)} s`);
   if (runs.some((r) => r.steps.some((s) => s.error))) process.exitCode = 1;
@@ -348,13 +391,13 @@ function goalRows(targets: Target[], runs: RunRecord[]): GoalRow[] {
     }
   }
   for (const t of targets.filter((x) => x.kind === 'baton' && !x.metrics && PEERS)) {
-    const plugin = peerPlugin(t.store!);
+    const peerName = peerId(t);
     const mine = summarize(runs, t.id);
-    const peer = summarize(runs, `nbdkit ${plugin}`);
+    const peer = summarize(runs, peerName);
     const key = t.store!.startsWith('file:') ? 'file:' : t.store!.startsWith('ram:') ? 'ram:' : t.store!;
-    for (const g of STORE_GOALS[key] ?? []) {
+    for (const g of t.tls ? TLS_GOALS : STORE_GOALS[key] ?? []) {
       const m = METRICS.find((x) => x.id === g.metric)!;
-      rows.push(ratioGoal(`\`${t.store}\` vs nbdkit ${plugin}: ${m.label}`, mine[m.id], `nbdkit ${plugin}`, peer[m.id], m.unit, g.min));
+      rows.push(ratioGoal(`\`${t.store}\`${t.tls ? ' over TLS' : ''} vs ${peerName}: ${m.label}`, mine[m.id], peerName, peer[m.id], m.unit, g.min));
     }
   }
   return rows;
@@ -368,20 +411,30 @@ function render(m: ReturnType<typeof machineInfo>, targets: Target[], runs: RunR
   L.push('# NBD throughput: each baton store against its nbdkit peer\n');
   L.push(`${m.date.slice(0, 16).replace('T', ' ')} UTC on \`${m.hostname}\`: ${m.nproc} cores (${m.cpuModel}), ${m.memTotalGiB} GiB RAM, ${m.kernel}, load average at start ${m.loadavgAtStart.join(' ')}.`);
   L.push(`node ${m.node}; ${m.nbdkit ?? 'nbdkit missing'}; ${m.nbdcopy ?? 'nbdcopy missing'}; ${m.fio ?? 'fio missing'}; baton ${m.batonCommit ?? '?'} (working tree as built).`);
-  L.push(`SIZE=${formatSize(SIZE)}, RUNTIME=${RUNTIME} s, REPEAT=${REPEAT}${REPEAT > 1 ? ' (medians; server order alternates)' : ''}, BATON_STORES=${BATON_STORES.join(',')}${PROFILE ? ', **PROFILE=1: baton ran under --cpu-prof, its numbers are not comparable**' : ''}; whole run ${durationS.toFixed(0)} s.`);
+  L.push(`SIZE=${formatSize(SIZE)}, RUNTIME=${RUNTIME} s, REPEAT=${REPEAT}${REPEAT > 1 ? ' (medians; server order alternates)' : ''}, BATON_STORES=${BATON_STORES.join(',')}${TLS ? ', TLS=1' : ''}${PROFILE ? ', **PROFILE=1: baton ran under --cpu-prof, its numbers are not comparable**' : ''}; whole run ${durationS.toFixed(0)} s.`);
   L.push(`Random source file on ${rnd.onTmpfs ? 'tmpfs (/dev/shm)' : 'the temp dir'}; baton's \`file:\` store, nbdkit file's image and the local reference file on ${m.tmpdir} (${m.tmpdirFs ?? '?'}).\n`);
 
-  L.push(`## Goals (issue 11${WITH_METRICS ? '; issue 14: metrics on vs off' : ''}), this run\n`);
+  L.push(`## Goals (issue 11${WITH_METRICS ? '; issue 14: metrics on vs off' : ''}${TLS ? '; issue 14 over TLS' : ''}), this run\n`);
   L.push(goalsTable(goalRows(targets, runs)));
 
   for (const b of batons) {
-    const plugin = peerPlugin(b.store!);
-    const peerId = `nbdkit ${plugin}`;
+    const peerName = peerId(b);
     const mine = sum.get(b.id) ?? {};
-    const peer = sum.get(peerId) ?? {};
-    L.push(`## \`${b.store}\` against \`nbdkit ${plugin}\`\n`);
-    const headers = ['metric', b.id, peerId, `${b.id} / ${peerId}`, ...(LOCAL ? ['local'] : [])];
-    const rows = METRICS.map((mt) => [`${mt.label}, ${mt.unit} ${mt.better === 'higher' ? '↑' : '↓'}`, fmt(mine[mt.id]), fmt(peer[mt.id]), fmtRatio(ratio(mine[mt.id], peer[mt.id])), ...(LOCAL ? [fmt(local[mt.id])] : [])]);
+    const peer = sum.get(peerName) ?? {};
+    // Over TLS, also the same server in plaintext from this run: what TLS costs each of them.
+    const plain = b.tls ? sum.get(`baton ${b.store}`) ?? {} : null;
+    const peerPlain = b.tls ? sum.get(peerName.replace(/ \+TLS$/, '')) ?? {} : null;
+    L.push(`## \`${b.store}\`${b.tls ? ' over TLS' : ''} against \`${peerName}\`\n`);
+    if (b.tls) {
+      const ciphers = [...new Set(runs.filter((r) => r.target === b.id).flatMap((r) => (r.tlsSessions ?? []).map((x) => `${x.protocol} ${x.cipher}`)))];
+      L.push(`baton's TLS sessions: ${ciphers.join(', ') || '?'} (from its log). nbdkit (GnuTLS) logs no cipher without -v; with Debian 12's GnuTLS on both ends it is TLS 1.3 with the client's first choice, TLS_AES_256_GCM_SHA384.\n`);
+    }
+    const headers = ['metric', b.id, peerName, `${b.id} / ${peerName}`, ...(plain ? [`baton ${b.store}`, 'baton TLS / plain', peerName.replace(/ \+TLS$/, ''), 'nbdkit TLS / plain'] : []), ...(LOCAL ? ['local'] : [])];
+    const rows = METRICS.map((mt) => [
+      `${mt.label}, ${mt.unit} ${mt.better === 'higher' ? '↑' : '↓'}`, fmt(mine[mt.id]), fmt(peer[mt.id]), fmtRatio(ratio(mine[mt.id], peer[mt.id])),
+      ...(plain && peerPlain ? [fmt(plain[mt.id]), fmtRatio(ratio(mine[mt.id], plain[mt.id])), fmt(peerPlain[mt.id]), fmtRatio(ratio(peer[mt.id], peerPlain[mt.id]))] : []),
+      ...(LOCAL ? [fmt(local[mt.id])] : []),
+    ]);
     L.push(markdownTable(headers, rows, ['l', ...headers.slice(1).map(() => 'r' as const)]));
   }
   L.push('How to read it: ↑ = higher is better (MiB/s, IOPS), ↓ = lower is better (latency, µs). Every ratio column is');

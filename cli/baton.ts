@@ -23,7 +23,8 @@ import { DEFAULT_RETRY_BUDGET_MS, INTERACTIVE_RETRY_BUDGET_MS } from '../src/sto
 import { waitForStore } from '../src/store/probe.js';
 import { StoreCatalog, type StoreVolumeInfo } from '../src/volume/catalog.js';
 import type { Logger } from '../src/log.js';
-import { DEFAULT_LISTEN, defaultStoreUrl, isProcessLocalStore, parseListen } from '../src/config.js';
+import { DEFAULT_LISTEN, defaultStoreUrl, isLoopbackHost, isProcessLocalStore, parseListen } from '../src/config.js';
+import { checkServeSecurity, setupServeTls, type ServeSecurityFlags } from '../src/tls-config.js';
 import { BatonError, InvalidArgumentError, NotFoundError, errorMessage, isBatonError } from '../src/errors.js';
 import { LOG_LEVELS, makeLogger } from '../src/log.js';
 import { formatSize, formatSizeArg, parseSize } from '../src/size.js';
@@ -186,6 +187,12 @@ withStore(program.command('serve')
     try { return parseMetricsAddress(v); } catch (err) { throw new CommanderInvalidArgument(errorMessage(err)); }
   })
   .option('--log-level <level>', LOG_LEVELS.join(', '), process.env.BATON_LOG_LEVEL ?? 'info')
+  .addOption(new Option('--tls <mode>', 'TLS (NBD STARTTLS): off, on (offered; plaintext clients are served too) or require').choices(['off', 'on', 'require']).default('off'))
+  .option('--tls-certificates <dir>', 'server certificate directory, nbdkit\'s layout: server-cert.pem, server-key.pem, ca-cert.pem, optional ca-crl.pem')
+  .option('--tls-verify-peer', 'require a client certificate signed by ca-cert.pem; its subject CN and subjectAltNames name the client for --authz')
+  .option('--tls-psk <file>', 'authenticate clients by pre-shared keys instead of certificates: psktool\'s identity:hexkey lines')
+  .option('--authz <file>', 'exports per client identity, lines of IDENTITY PATTERN [PATTERN...] (tenant-a-* is a prefix); needs --tls require with --tls-psk or --tls-verify-peer')
+  .option('--insecure', 'allow a non-loopback --listen without --tls require (every host that can reach it may use every volume)')
   .addHelpText('after', `
 Metrics (--metrics): /metrics is Prometheus text (baton_* series per volume, store, cache,
 GC, and the process's); /healthz answers 200 while the process runs; /readyz answers 200
@@ -208,9 +215,26 @@ working set) in its checkpoints. A host that opens the volume (after a takeover,
 a fork's first attach, a restart) fetches those parts into its read cache in the
 background, most recently used first, within --hydrate-max and --hydrate-concurrency; a
 host waiting for another to hand a volume over starts while it waits. A file: store needs
-none (its objects are read in place). baton status shows its progress.`)
-  .action(async (opts: StoreFlags & LeaseFlags & { listen: string; socket?: string; cacheDir: string; cacheSize: number; readOnly?: boolean; create?: string; size?: number; handshakeTimeout: number; maxConnections: number; idleGrace: number; logLevel: string; onHeld: OnHeld; heldWait: number; gcInterval: number; gcGrace: number; compactBelow: number; statsInterval: number; hydrate: HydrateMode; hydrateConcurrency: number; hydrateMax?: number; metrics?: { host: string; port: number }; compression: 'on' | 'off' }) => {
+none (its objects are read in place). baton status shows its progress.
+
+Serving over a network (TLS is required off loopback; certificates and keys are re-read on SIGHUP):
+  $ baton serve --listen 0.0.0.0:10809 --tls require --tls-certificates /etc/baton/pki
+  $ nbdinfo 'nbds://server/work?tls-certificates=/etc/baton/client-pki'
+  $ baton serve --listen 0.0.0.0:10809 --tls require --tls-certificates /etc/baton/pki \\
+        --tls-verify-peer --authz /etc/baton/authz     # authz lines: alice tenant-a-* shared
+  $ psktool -u alice -p /etc/baton/keys.psk
+  $ baton serve --listen 0.0.0.0:10809 --tls require --tls-psk /etc/baton/keys.psk
+  $ nbdinfo 'nbds://alice@server/work?tls-psk-file=/etc/baton/keys.psk'
+  $ kill -HUP SERVE_PID                               # after rotating certificates, keys or authz
+See README.md, "Serving over a network", for making certificates and the client commands.`)
+  .action(async (opts: StoreFlags & LeaseFlags & ServeSecurityFlags & { listen: string; socket?: string; cacheDir: string; cacheSize: number; readOnly?: boolean; create?: string; size?: number; handshakeTimeout: number; maxConnections: number; idleGrace: number; logLevel: string; onHeld: OnHeld; heldWait: number; gcInterval: number; gcGrace: number; compactBelow: number; statsInterval: number; hydrate: HydrateMode; hydrateConcurrency: number; hydrateMax?: number; metrics?: { host: string; port: number }; compression: 'on' | 'off' }) => {
     const log = makeLogger(opts.logLevel);
+    // Who may connect is decided, and every TLS/authz file read, before the store is touched
+    // (waiting for a store can take long; a typo in --tls-psk should not).
+    const addr: ListenAddress = opts.socket ? { path: opts.socket } : parseListen(opts.listen);
+    checkServeSecurity(opts, 'path' in addr ? null : addr.host, isLoopbackHost);
+    let provider: VolumeExports | undefined;
+    const security = setupServeTls(opts, () => provider!, opts.handshakeTimeout * 1000);
     if (opts.size !== undefined && !opts.create) throw new InvalidArgumentError('--size is the size of the volume --create NAME makes; without --create it would do nothing (volumes are made with baton create NAME --size SIZE)');
     const catalog = catalogFor(opts, { log, cacheDir: opts.cacheDir, cacheSize: opts.cacheSize, retry: { budgetMs: DEFAULT_RETRY_BUDGET_MS }, instrument: !!opts.metrics,
       ...(opts.compression === 'off' ? { volume: { compress: false } } : {}),
@@ -241,7 +265,6 @@ none (its objects are read in place). baton status shows its progress.`)
         if (!isBatonError(err, 'BATON_ERR_ALREADY_EXISTS')) throw err;
       }
     }
-    const addr: ListenAddress = opts.socket ? { path: opts.socket } : parseListen(opts.listen);
     const leases = catalog instanceof StoreCatalog && !opts.readOnly ? await leaseManagerFor(opts, log) : null;
     if (leases) readiness.probe('lease', async () => { await leases.ping(); return leases.description; });
     else readiness.set('lease', true, 'no lease (read-only or plain backend)');
@@ -250,11 +273,18 @@ none (its objects are read in place). baton status shows its progress.`)
       hydrate: { mode: opts.hydrate, concurrency: opts.hydrateConcurrency, ...(opts.hydrateMax !== undefined ? { maxBytes: opts.hydrateMax } : {}) },
       ...(leases ? { lease: { manager: leases, hostId: opts.hostId, onHeld: opts.onHeld, waitMs: opts.heldWait * 1000, address: 'path' in addr ? `unix:${addr.path}` : `${addr.host}:${addr.port}` } } : {}),
     });
-    const server = new NbdServer(exports, { log, handshakeTimeoutMs: opts.handshakeTimeout * 1000, maxConnections: opts.maxConnections });
+    provider = exports;
+    const server = new NbdServer(exports, {
+      log, handshakeTimeoutMs: opts.handshakeTimeout * 1000, maxConnections: opts.maxConnections,
+      ...(security.tls ? { tls: security.tls } : {}), ...(security.exportsFor ? { exportsFor: security.exportsFor } : {}),
+    });
     exports.setDisconnector((name) => server.disconnectExport(name));
     const bound = await server.listen(addr);
     const uri = 'path' in bound ? `nbd+unix:///NAME?socket=${bound.path}` : `nbd://${bound.host.includes(':') ? `[${bound.host}]` : bound.host}:${bound.port}/NAME`;
-    log.info({ address: bound, store: catalog.description, uri, hostId: opts.hostId, lease: leases?.description ?? 'none (read-only or plain backend)' }, 'listening');
+    log.info({ address: bound, store: catalog.description, uri: opts.tls === 'off' ? uri : uri.replace(/^nbd/, 'nbds'), hostId: opts.hostId, lease: leases?.description ?? 'none (read-only or plain backend)', ...security.describe() }, 'listening');
+    if (opts.insecure && !('path' in bound) && !isLoopbackHost(bound.host) && opts.tls !== 'require') {
+      log.warn({ address: bound, tls: opts.tls }, '--insecure: serving to the network without requiring TLS; every host that can reach this address may read and write every volume');
+    }
     const maintenance = catalog instanceof StoreCatalog && !opts.readOnly
       ? new BackgroundMaintenance(catalog, exports, { intervalMs: opts.gcInterval, graceMs: opts.gcGrace, compactBelow: opts.compactBelow, log })
       : null;
@@ -275,6 +305,8 @@ none (its objects are read in place). baton status shows its progress.`)
     };
     process.on('SIGINT', () => void stop('SIGINT'));
     process.on('SIGTERM', () => void stop('SIGTERM'));
+    // Certificate, key and authz rotation without dropping clients (without TLS SIGHUP keeps its default: exit).
+    if (security.tls) process.on('SIGHUP', () => security.reload(log));
   });
 
 withStore(program.command('create')

@@ -39,6 +39,8 @@ export function toOptionError(err: unknown): number {
       return C.NBD_REP_ERR_POLICY;
     case 'BATON_ERR_SHUTDOWN':
       return C.NBD_REP_ERR_SHUTDOWN;
+    case 'BATON_ERR_TLS_REQUIRED':
+      return C.NBD_REP_ERR_TLS_REQD;
     default:
       return C.NBD_REP_ERR_PLATFORM;
   }

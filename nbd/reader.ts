@@ -74,11 +74,37 @@ export class FrameReader {
   private paused = false;
   private slabs = false;
 
+  private readonly onDataEvent = (chunk: Buffer): void => this.onData(chunk, null);
+  private readonly onEndEvent = (): void => this.onEnd();
+
   constructor(private readonly sock: Duplex, private readonly highWater = 64 * 1024 * 1024) {
-    sock.on('data', (chunk: Buffer) => this.onData(chunk, null));
-    sock.on('end', () => this.onEnd());
-    sock.on('close', () => this.onEnd());
-    sock.on('error', () => this.onEnd());
+    sock.on('data', this.onDataEvent);
+    sock.on('end', this.onEndEvent);
+    sock.on('close', this.onEndEvent);
+    sock.on('error', this.onEndEvent);
+  }
+
+  /**
+   * Stop reading the stream (STARTTLS hands the socket to TLS): the listeners go, and the
+   * reader is ended. Returns how many bytes it had buffered and nobody consumed; for
+   * STARTTLS that must be 0 (a client may not send anything before the server's ACK), and
+   * any such bytes are dropped with the reader. Only before slab mode (useSlabs) and with no
+   * read waiting.
+   */
+  detach(): number {
+    if (this.slabs || this.waiter || this.piecesWaiter) throw new Error('FrameReader: detach while reading into slabs or with a read waiting');
+    this.sock.off('data', this.onDataEvent);
+    this.sock.off('end', this.onEndEvent);
+    this.sock.off('close', this.onEndEvent);
+    this.sock.off('error', this.onEndEvent);
+    if (this.paused) { this.paused = false; this.sock.resume(); }
+    const left = this.buffered;
+    this.chunks = [];
+    this.owners = [];
+    this.head = 0;
+    this.buffered = 0;
+    this.ended = true;
+    return left;
   }
 
   get bufferedBytes(): number { return this.buffered; }

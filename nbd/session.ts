@@ -18,10 +18,16 @@
  * - Lent memory goes back when nothing uses it any more: a WRITE payload lent to
  *   BlockBackend.writeLent right after the call, a READ's pieces from BlockBackend.readLent
  *   (and a pooled READ buffer) once the socket has sent the reply.
+ * - TLS (opts.tls, proto.md "TLS support"): STARTTLS is ACKed, then the same socket carries
+ *   a TLS session and haggling starts over with everything negotiated before it forgotten
+ *   (structured replies, meta contexts). Under `require`, nothing but STARTTLS and ABORT is
+ *   answered before TLS (ERR_TLS_REQD; EXPORT_NAME, which has no error reply, closes), so no
+ *   export is listed, described or opened in plaintext. Exports are always looked up
+ *   through `exportsFor(identity)` when given: before TLS that is the anonymous identity.
  */
 
 import type { Duplex } from 'node:stream';
-import { InvalidArgumentError, ProtocolError, errorMessage } from '../src/errors.js';
+import { InvalidArgumentError, ProtocolError, TlsError, TlsRequiredError, errorMessage } from '../src/errors.js';
 import type { Logger } from '../src/log.js';
 import { CACHE_PIECE_BYTES, type BlockBackend, type ExportHandle, type ExportInfo, type ExportProvider, type Lent } from './backend.js';
 import * as codec from './codec.js';
@@ -31,6 +37,7 @@ import { ConnectionClosedError, FrameReader } from './reader.js';
 import { acquireBuffer, releaseBuffer } from './buffer-pool.js';
 import type { RequestStats } from './stats.js';
 import { COMMAND_NAMES, alignExtents, transmissionFlags, validateRequest, type ValidationContext } from './validate.js';
+import { ANONYMOUS, type ClientIdentity, type NbdTls } from './tls.js';
 
 export interface SessionOptions {
   log: Logger;
@@ -52,6 +59,14 @@ export interface SessionOptions {
    * NBD_REP_ERR_SHUTDOWN and this message (ABORT with its ACK), the provider is never asked.
    */
   refuseWith?: string;
+  /** STARTTLS is offered (`on`) or required (`require`); without it STARTTLS gets ERR_UNSUP. */
+  tls?: NbdTls;
+  /**
+   * The exports a client may see and attach, by what it proved in the TLS handshake
+   * (authorization: src/authz.ts). Asked again after STARTTLS; before it the identity is
+   * ANONYMOUS. Without it every client sees the session's provider.
+   */
+  exportsFor?: (identity: ClientIdentity) => ExportProvider;
 }
 
 /**
@@ -96,7 +111,16 @@ interface Reply { frames: Buffer[]; release?: () => void }
 class EndSession extends Error {}
 
 export class NbdSession {
-  private readonly reader: FrameReader;
+  /** The connection's stream: the accepted socket, then its TLS socket after STARTTLS. */
+  private sock: Duplex;
+  private reader: FrameReader;
+  /** Whom the exports are looked up for (ANONYMOUS until a TLS handshake says otherwise). */
+  private provider: ExportProvider;
+  private identity: ClientIdentity = ANONYMOUS;
+  private tlsActive = false;
+  private handshakeTimedOut = false;
+  /** For log lines about this connection: address:port, or `unix`. */
+  private readonly peer: string;
   private structured = false;
   private metaContextExport: string | null = null; // export name base:allocation was selected for
   private handle: ExportHandle | null = null;
@@ -110,10 +134,19 @@ export class NbdSession {
   private corked = false;
   private closed = false;
 
-  constructor(private readonly sock: Duplex, private readonly provider: ExportProvider, private readonly opts: SessionOptions) {
-    this.reader = new FrameReader(sock, Math.max(opts.maxInflightBytes / 2, opts.maxPayload + 1024));
-    sock.on('error', (err) => opts.log.debug({ err: errorMessage(err) }, 'socket error'));
+  constructor(sock: Duplex, provider: ExportProvider, private readonly opts: SessionOptions) {
+    this.sock = sock;
+    this.reader = this.readerFor(sock);
+    this.provider = opts.exportsFor ? opts.exportsFor(ANONYMOUS) : provider;
+    const s = sock as Duplex & { remoteAddress?: string; remotePort?: number };
+    this.peer = s.remoteAddress ? `${s.remoteAddress.includes(':') ? `[${s.remoteAddress}]` : s.remoteAddress}:${s.remotePort ?? 0}` : 'unix';
+  }
+
+  /** A reader over `sock`, and the listeners every stream of the session needs. */
+  private readerFor(sock: Duplex): FrameReader {
+    sock.on('error', (err) => this.opts.log.debug({ err: errorMessage(err) }, 'socket error'));
     sock.on('close', () => { this.closed = true; });
+    return new FrameReader(sock, Math.max(this.opts.maxInflightBytes / 2, this.opts.maxPayload + 1024));
   }
 
   /** The export this connection is attached to, once transmission started. */
@@ -123,7 +156,8 @@ export class NbdSession {
   async run(): Promise<void> {
     try {
       const timer = setTimeout(() => {
-        this.opts.log.info('handshake timed out; closing connection');
+        this.handshakeTimedOut = true;
+        this.opts.log.info({ peer: this.peer, identity: this.identity.display, tls: this.tlsActive }, 'handshake timed out; closing connection');
         this.sock.destroy();
       }, this.opts.handshakeTimeoutMs);
       let handle: { handle: ExportHandle; noZeroes: boolean } | null;
@@ -215,6 +249,19 @@ export class NbdSession {
         this.send(codec.encodeOptionError(option, C.NBD_REP_ERR_SHUTDOWN, 'server is shutting down'));
         continue;
       }
+      if (this.opts.tls?.mode === 'require' && !this.tlsActive) {
+        // FORCEDTLS: EXPORT_NAME has no error reply, so that client is closed; every other
+        // option but STARTTLS and ABORT is refused (its payload was read) and haggling goes on.
+        if (option === C.NBD_OPT_EXPORT_NAME) {
+          this.opts.log.info({ peer: this.peer }, 'EXPORT_NAME without TLS on a server that requires TLS: closing');
+          throw new EndSession();
+        }
+        if (option !== C.NBD_OPT_STARTTLS && option !== C.NBD_OPT_ABORT) {
+          const err = new TlsRequiredError('this server requires TLS: send NBD_OPT_STARTTLS first');
+          this.send(codec.encodeOptionError(option, toOptionError(err), err.message));
+          continue;
+        }
+      }
       if (!fixed && option !== C.NBD_OPT_EXPORT_NAME) {
         // Without FIXED_NEWSTYLE the client cannot parse option replies.
         throw new ProtocolError(`option ${option} from a non-fixed-newstyle client`);
@@ -241,7 +288,7 @@ export class NbdSession {
           h = await this.provider.open(name);
         } catch (err) {
           // EXPORT_NAME has no error reply: the spec says close the connection.
-          log.info({ export: name, err: errorMessage(err) }, 'EXPORT_NAME refused');
+          log.info({ export: name, peer: this.peer, identity: this.identity.display, err: errorMessage(err) }, 'EXPORT_NAME refused');
           return 'abort';
         }
         this.send(codec.encodeExportNameReply(h.backend.size, this.flagsFor(h.backend), noZeroes));
@@ -285,13 +332,60 @@ export class NbdSession {
         this.handleMetaContext(option, data);
         return null;
       case C.NBD_OPT_STARTTLS:
-        this.send(codec.encodeOptionError(option, C.NBD_REP_ERR_UNSUP, 'TLS is not supported by this server'));
+        await this.startTls(option, data);
         return null;
       default:
         // Unknown options (EXTENDED_HEADERS included, for now): payload consumed, ERR_UNSUP, go on.
         this.send(codec.encodeOptionError(option, C.NBD_REP_ERR_UNSUP, `option ${option} is not supported`));
         return null;
     }
+  }
+
+  /**
+   * STARTTLS (proto.md "TLS support"): ACK, then the TLS handshake on the same socket, then
+   * haggling starts over. Returns normally once TLS is up; throws EndSession when the client
+   * cannot be trusted (the TLS layer closed the socket; logged once here).
+   */
+  private async startTls(option: number, data: Buffer): Promise<void> {
+    const tls = this.opts.tls;
+    if (!tls) {
+      // NOTLS mode: ERR_UNSUP (ERR_POLICY would do too), never ERR_TLS_REQD.
+      this.send(codec.encodeOptionError(option, C.NBD_REP_ERR_UNSUP, 'TLS is not supported by this server'));
+      return;
+    }
+    if (data.length !== 0) {
+      this.send(codec.encodeOptionError(option, C.NBD_REP_ERR_INVALID, 'STARTTLS takes no data'));
+      return;
+    }
+    if (this.tlsActive) {
+      this.send(codec.encodeOptionError(option, C.NBD_REP_ERR_INVALID, 'TLS is already active'));
+      return;
+    }
+    this.send(codec.encodeOptionReply(option, C.NBD_REP_ACK));
+    // The client sends its ClientHello only after reading the ACK, so the plaintext reader
+    // holds nothing more; bytes it does hold were sent out of turn.
+    const early = this.reader.detach();
+    if (early > 0) throw new ProtocolError(`${early} bytes after STARTTLS before the server's ACK`);
+    let up;
+    try {
+      up = await tls.upgrade(this.sock);
+    } catch (err) {
+      // The handshake timeout already said why it closed the connection.
+      if (!this.handshakeTimedOut) {
+        const who = err instanceof TlsError && err.identity ? err.identity : 'unknown';
+        this.opts.log.warn({ peer: this.peer, identity: who, err: errorMessage(err) }, 'TLS handshake refused; closing connection');
+      }
+      throw new EndSession();
+    }
+    this.sock = up.sock;
+    this.reader = this.readerFor(up.sock);
+    this.tlsActive = true;
+    this.identity = up.identity;
+    if (this.opts.exportsFor) this.provider = this.opts.exportsFor(up.identity);
+    // Everything negotiated before TLS is forgotten (an attacker may have injected it).
+    this.structured = false;
+    this.metaContextExport = null;
+    this.opts.log.info({ peer: this.peer, identity: up.identity.display, protocol: up.protocol, cipher: up.cipher }, 'TLS session established');
   }
 
   private async handleInfoOrGo(option: number, data: Buffer): Promise<ExportHandle | null> {
@@ -316,7 +410,7 @@ export class NbdSession {
         desc = { name: h.name, size: h.backend.size, readOnly: h.backend.readOnly, description: h.description };
       }
     } catch (err) {
-      this.opts.log.info({ export: req.name, err: errorMessage(err) }, option === C.NBD_OPT_GO ? 'GO refused' : 'INFO refused');
+      this.opts.log.info({ export: req.name, peer: this.peer, identity: this.identity.display, err: errorMessage(err) }, option === C.NBD_OPT_GO ? 'GO refused' : 'INFO refused');
       this.send(codec.encodeOptionError(option, toOptionError(err), errorMessage(err)));
       return null;
     }

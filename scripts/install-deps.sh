@@ -6,6 +6,8 @@ set -euo pipefail
 PKGS=(
   # real NBD clients and the reference server
   nbd-client libnbd-bin python3-libnbd nbdkit qemu-utils fio fuse3 e2fsprogs
+  # TLS tests: certtool and psktool (the README recipe; openssl makes the other test certificates)
+  gnutls-bin openssl
   # the kernel-client VM (see test/vm/)
   qemu-system-x86 busybox-static socat cpio xz-utils
   # Redis for the lease, Ceph radosgw for a real S3 API

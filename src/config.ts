@@ -37,3 +37,15 @@ export function parseListen(v: string): ListenAddress {
 export function isProcessLocalStore(url: string): boolean {
   return url === 'memory:' || url === 'memory://' || url === 'ram:';
 }
+
+/**
+ * Is `host` (a --listen address) reachable only from this machine? Literal loopback
+ * addresses (127.0.0.0/8, ::1, ::ffff:127.x) and `localhost` are; anything else, including
+ * 0.0.0.0, :: and host names, is treated as reachable from the network.
+ */
+export function isLoopbackHost(host: string): boolean {
+  const h = host.toLowerCase();
+  if (h === 'localhost' || h === '::1' || h === '0:0:0:0:0:0:0:1') return true;
+  const v4 = h.startsWith('::ffff:') ? h.slice(7) : h;
+  return /^127\.\d{1,3}\.\d{1,3}\.\d{1,3}$/.test(v4);
+}

@@ -6,7 +6,8 @@
  * Grouped by what the caller must do:
  * - retry later:      StoreUnavailableError
  * - fix the input:    InvalidArgumentError, OutOfRangeError, NotFoundError, AlreadyExistsError
- * - not allowed:      ReadOnlyError, LeaseHeldError, NotSupportedError
+ * - not allowed:      ReadOnlyError, LeaseHeldError, NotSupportedError, TlsRequiredError
+ * - peer not trusted: TlsError (a TLS handshake failed, or the client's certificate or key was refused)
  * - fix the setup:    MisconfiguredError (this process disagrees with what the store records),
  *                     StoreUnsafeError (the store breaks a guarantee baton relies on)
  * - terminal:         FencedError (another host took the volume), ShutdownError, CorruptError
@@ -34,6 +35,8 @@ export type BatonErrorCode =
   | 'BATON_ERR_CORRUPT'
   | 'BATON_ERR_TIMEOUT'
   | 'BATON_ERR_PROTOCOL'
+  | 'BATON_ERR_TLS'
+  | 'BATON_ERR_TLS_REQUIRED'
   | 'BATON_ERR_KEY';
 
 export class BatonError extends Error {
@@ -161,6 +164,20 @@ export class TimeoutError extends BatonError {
 /** The peer broke a MUST of the NBD protocol (bad magic, unknown client flags): the connection is dropped. */
 export class ProtocolError extends BatonError {
   constructor(message: string) { super('BATON_ERR_PROTOCOL', message); }
+}
+
+/**
+ * A TLS handshake did not produce a trusted session: the client's certificate, PSK identity
+ * or key was refused, or the handshake itself failed or stalled. The connection is closed;
+ * `identity` is what the client claimed, when it got that far (for the log line).
+ */
+export class TlsError extends BatonError {
+  constructor(message: string, readonly identity?: string, options?: { cause?: unknown }) { super('BATON_ERR_TLS', message, options); }
+}
+
+/** An option other than STARTTLS or ABORT before TLS, on a server that requires TLS (NBD_REP_ERR_TLS_REQD). */
+export class TlsRequiredError extends BatonError {
+  constructor(message: string) { super('BATON_ERR_TLS_REQUIRED', message); }
 }
 
 export function isBatonError(err: unknown, code?: BatonErrorCode): err is BatonError {

@@ -177,6 +177,10 @@ log "modules: ${!WANT[*]}"
 # --- /init: the guest side of every scenario. Contract with run.sh:
 #   kernel command line: baton.scenario=ext4|readonly baton.conns=N baton.netlink=0|1
 #                        baton.export=NAME baton.timeout=SECS (nbd-client -t)
+#                        baton.tls=0|1 (1: attach over TLS with the client certificate in
+#                        /tls: ca-cert.pem, client-cert.pem, client-key.pem, which run.sh
+#                        --tls-dir appends to the initramfs; the server's certificate must
+#                        name localhost)
 #   virtio-serial port "baton.result": one line per step, "ok STEP [detail]" or
 #                        "fail STEP detail", then "done"; then the guest powers off.
 #   virtio-serial ports "baton.nbd0".."baton.nbdN-1": one NBD connection each, already
@@ -190,9 +194,10 @@ mount -t sysfs sys /sys
 mount -t devtmpfs dev /dev
 exec </dev/console >/dev/console 2>&1
 
-SCENARIO=ext4 CONNS=1 NETLINK=1 EXPORT= TIMEOUT=30
+SCENARIO=ext4 CONNS=1 NETLINK=1 EXPORT= TIMEOUT=30 TLS=0
 for w in $(cat /proc/cmdline); do
   case $w in
+    baton.tls=*) TLS=${w#*=} ;;
     baton.scenario=*) SCENARIO=${w#*=} ;;
     baton.conns=*) CONNS=${w#*=} ;;
     baton.netlink=*) NETLINK=${w#*=} ;;
@@ -270,6 +275,9 @@ attach() {
   set -- -unix /run/nbd.sock /dev/nbd0 -b 4096 -t "$TIMEOUT" -C "$CONNS"
   [ -n "$EXPORT" ] && set -- "$@" -N "$EXPORT"
   [ "$NETLINK" = 1 ] || set -- "$@" -nonetlink
+  # TLS: nbd-client negotiates STARTTLS, runs the TLS session in a helper process (GnuTLS) and
+  # gives the kernel a plaintext socket to it. 3.24 rejects the short forms -A/-F/-K.
+  [ "$TLS" = 1 ] && set -- "$@" -cacertfile /tls/ca-cert.pem -certfile /tls/client-cert.pem -keyfile /tls/client-key.pem -tlshostname localhost
   # In ioctl mode nbd-client leaves a daemon behind: keep it off the $(...) pipe of step().
   /opt/bin/nbd-client "$@" </dev/null >/run/nbd-client.log 2>&1; rc=$?
   cat /run/nbd-client.log

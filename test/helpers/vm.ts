@@ -35,6 +35,11 @@ export interface VmScenarioOptions {
   timeoutSecs?: number;
   /** nbd-client -t inside the guest, seconds. Default 30. */
   nbdTimeoutSecs?: number;
+  /**
+   * Attach over TLS with this client directory (ca-cert.pem, client-cert.pem, client-key.pem;
+   * run.sh --tls-dir). The server's certificate must name localhost.
+   */
+  tlsDir?: string;
 }
 
 export interface VmResult {
@@ -175,6 +180,7 @@ export async function runVmScenario(opts: VmScenarioOptions): Promise<VmResult> 
       '--nbd-timeout', String(opts.nbdTimeoutSecs ?? 30),
       '--vm-dir', vmDir,
       '--no-build', // buildVm() above has just checked the stamp
+      ...(opts.tlsDir ? ['--tls-dir', opts.tlsDir] : []),
     ];
     const r = await runScript(args, process.env);
     const read = (f: string): string => (fs.existsSync(f) ? fs.readFileSync(f, 'utf8') : '');

@@ -6,6 +6,12 @@
  * its caches (scenario `ext4`), or checks that a read-only export refuses writes cleanly
  * (scenario `readonly`). Design and measured facts: shared notes kernel-nbd-vm.md.
  *
+ * Over TLS too: the server requires TLS and a client certificate (--tls require
+ * --tls-verify-peer), and nbd-client attaches with -cacertfile/-certfile/-keyfile; it runs the
+ * TLS session in a userspace helper (GnuTLS) and hands nbd.ko a plaintext socket to it.
+ * Certificates are made for the run (test/helpers/tls-pki.ts) and reach the guest in an
+ * extra initramfs archive (run.sh --tls-dir).
+ *
  * Server under test: BATON_VM_SERVER=baton (default: `baton serve`, test/helpers/server.ts) or
  * BATON_VM_SERVER=nbdkit (`nbdkit memory`, the reference server the harness was validated on).
  * VMs are software-emulated and CPU-bound: cases run serially, one VM at a time.
@@ -18,6 +24,7 @@ import * as net from 'node:net';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import { startBatonServer } from '../helpers/server.js';
+import { makeCa, makeClientDir, makeServerDir } from '../helpers/tls-pki.js';
 import { buildVm, missingVmTools, runVmScenario, VmUnavailableError, type VmMode, type VmResult, type VmScenario } from '../helpers/vm.js';
 
 type ServerKind = 'baton' | 'nbdkit';
@@ -56,23 +63,38 @@ function onPath(tool: string): boolean {
 interface ServerUnderTest {
   socket: string;
   exportName: string;
+  /** What the server logged (baton only). */
+  log?: () => string;
+}
+
+/** Server and client certificates for the TLS cases, made once (openssl) when a TLS case runs. */
+let pki: { server: string; client: string } | undefined;
+function tlsPki(): { server: string; client: string } {
+  if (pki) return pki;
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'baton-vm-pki-'));
+  process.on('exit', () => fs.rmSync(dir, { recursive: true, force: true }));
+  const ca = makeCa(path.join(dir, 'ca'));
+  pki = { server: makeServerDir(ca, path.join(dir, 'server')), client: makeClientDir(ca, ca, path.join(dir, 'client'), 'vm-guest') };
+  return pki;
 }
 
 /** Starts the server under test on a Unix socket, teardown registered before it can fail. */
-async function startServerUnderTest(t: ExecutionContext, opts: { size: number; readOnly: boolean }): Promise<ServerUnderTest> {
+async function startServerUnderTest(t: ExecutionContext, opts: { size: number; readOnly: boolean; tls: boolean }): Promise<ServerUnderTest> {
   if (SERVER === 'baton') {
-    const server = await startBatonServer(t, { volumes: [{ name: EXPORT, size: opts.size }], readOnly: opts.readOnly });
-    return { socket: server.socket, exportName: EXPORT };
+    const extraArgs = opts.tls ? ['--tls', 'require', '--tls-certificates', tlsPki().server, '--tls-verify-peer'] : [];
+    const server = await startBatonServer(t, { volumes: [{ name: EXPORT, size: opts.size }], readOnly: opts.readOnly, extraArgs });
+    return { socket: server.socket, exportName: EXPORT, log: () => server.stderr() };
   }
   return startNbdkit(t, opts);
 }
 
 /** `nbdkit memory SIZE` (no filters), the reference server. It accepts any export name. */
-async function startNbdkit(t: ExecutionContext, opts: { size: number; readOnly: boolean }): Promise<ServerUnderTest> {
+async function startNbdkit(t: ExecutionContext, opts: { size: number; readOnly: boolean; tls: boolean }): Promise<ServerUnderTest> {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'baton-vm-nbdkit-'));
   t.teardown(() => fs.rmSync(dir, { recursive: true, force: true }));
   const socket = path.join(dir, 'nbd.sock');
-  const args = ['-f', '--exit-with-parent', '-U', socket, ...(opts.readOnly ? ['-r'] : []), 'memory', String(opts.size)];
+  const tls = opts.tls ? ['--tls=require', `--tls-certificates=${tlsPki().server}`, '--tls-verify-peer'] : [];
+  const args = ['-f', '--exit-with-parent', '-U', socket, ...tls, ...(opts.readOnly ? ['-r'] : []), 'memory', String(opts.size)];
   const proc = spawn('nbdkit', args, { stdio: ['ignore', 'ignore', 'pipe'] });
   let stderr = '';
   proc.stderr!.on('data', (d: Buffer) => { stderr += d.toString(); });
@@ -103,17 +125,23 @@ function explain(r: VmResult): string {
   ].join('\n');
 }
 
-function vmCase(scenario: VmScenario, mode: VmMode, conns: number): void {
-  const title = `kernel nbd.ko + nbd-client (${SERVER}): ${scenario}, ${mode}, ${conns} connection${conns > 1 ? 's' : ''}`;
+function vmCase(scenario: VmScenario, mode: VmMode, conns: number, tls = false): void {
+  const title = `kernel nbd.ko + nbd-client (${SERVER}): ${scenario}, ${mode}, ${conns} connection${conns > 1 ? 's' : ''}${tls ? ', over TLS (client certificate)' : ''}`;
   vmTest(title, async (t) => {
     if (buildError) throw buildError;
-    const server = await startServerUnderTest(t, { size: SIZE, readOnly: scenario === 'readonly' });
-    const r = await runVmScenario({ socket: server.socket, exportName: server.exportName, conns, mode, scenario });
+    const server = await startServerUnderTest(t, { size: SIZE, readOnly: scenario === 'readonly', tls });
+    const r = await runVmScenario({ socket: server.socket, exportName: server.exportName, conns, mode, scenario, ...(tls ? { tlsDir: tlsPki().client } : {}) });
     t.log(`${r.elapsedMs} ms: ${r.lines.join(' | ')}`);
     t.true(r.ok, explain(r));
     // Every step ran and passed, in order: a step that silently did not run is a failure too.
     const expected = scenario === 'ext4' ? EXT4_STEPS : READONLY_STEPS;
     t.deepEqual(r.lines.map((l) => l.split(' ').slice(0, 2).join(' ')), [...expected.map((s) => `ok ${s}`), 'done'], explain(r));
+    if (tls && server.log) {
+      // Each of the guest's connections was a verified TLS session: none was plaintext.
+      const sessions = server.log().split('\n').filter((l) => l.includes('"TLS session established"'));
+      t.is(sessions.length, conns, server.log());
+      for (const l of sessions) t.regex(l, /"identity":"x509:vm-guest"/);
+    }
   });
 }
 
@@ -122,3 +150,5 @@ vmCase('ext4', 'netlink', 2);
 vmCase('ext4', 'ioctl', 1);
 vmCase('ext4', 'ioctl', 2);
 vmCase('readonly', 'netlink', 1);
+vmCase('ext4', 'netlink', 2, true);
+vmCase('ext4', 'ioctl', 1, true);

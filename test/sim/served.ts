@@ -14,6 +14,7 @@ import type { ExportHandle } from '../../nbd/backend.js';
 import { VolumeExports, type OnHeld } from '../../src/exports.js';
 import type { Lease } from '../../src/lease/lease.js';
 import type { Volume } from '../../src/volume/volume.js';
+import type { HydrateOptions } from '../../src/volume/hydrate.js';
 import { adminActor, clientOp, gcActor, readBack, readerActor, checkedRead } from './engine.js';
 import { Violation, type Session } from './model.js';
 import { M, type Actor, type Live, type Node, type SimRun, type Workload } from './run.js';
@@ -37,6 +38,7 @@ class Served {
       log: node.log,
       lease: { manager: node.leases, hostId: node.hostId, onHeld: this.onHeld, waitMs: rng.pick([500, 3000, 3 * run.config.ttlMs]) },
       world: node.proc,
+      ...hydrateOptions(rng),
     });
     this.exports.setDisconnector((name) => {
       for (const c of this.conns) {
@@ -58,12 +60,33 @@ class ReadOnlyServed {
   readonly conns = new Set<Conn>();
   constructor(readonly run: SimRun, readonly node: Node) {
     const rng = node.rng.derive('served-ro');
-    this.exports = new VolumeExports(node.catalog('host'), { readOnly: true, idleGraceMs: rng.pick([200, 2000, 10_000]), log: node.log, world: node.proc });
+    this.exports = new VolumeExports(node.catalog('host'), { readOnly: true, idleGraceMs: rng.pick([200, 2000, 10_000]), log: node.log, world: node.proc, ...hydrateOptions(rng) });
     this.exports.setDisconnector((name) => {
       for (const c of this.conns) if (c.name === name && c.open) { c.open = false; c.handle.release(); }
     });
   }
 }
+/**
+ * Background hydration (serve --hydrate) on most hosts, with small windows and GETs so that
+ * its fetches interleave with the guests' reads, takeovers, handoffs, closes and GC. Drawn
+ * from a generator derived last from the host's own, so the draws of everything else (and the
+ * regression seeds' scenarios) are unchanged. What it is held to: guest reads through the
+ * cache it fills are checked against the model as every read is; it must stop with its
+ * volume (an operation pending past the end or a request after close is a finding).
+ */
+function hydrateOptions(parent: Rng): { hydrate?: HydrateOptions } {
+  const rng = parent.derive('hydrate');
+  if (rng.chance(0.25)) return {};
+  return {
+    hydrate: {
+      mode: rng.pick(['working-set', 'all'] as const),
+      concurrency: rng.int(1, 8),
+      fetchBytes: rng.pick([64 * 1024, 256 * 1024, 2 * 1024 * 1024]),
+      guestQuietMs: rng.pick([0, 50, 500]),
+    },
+  };
+}
+
 const roServed = new WeakMap<Node, ReadOnlyServed>();
 
 const served = new WeakMap<Node, Served>();

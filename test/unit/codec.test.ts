@@ -17,7 +17,7 @@ const { hex } = V;
 // Spec constants written out here rather than imported, so a wrong constant in
 // nbd/constants.ts cannot hide behind a matching test (§1.1).
 const OPT = { EXPORT_NAME: 1, ABORT: 2, LIST: 3, STARTTLS: 5, INFO: 6, GO: 7, STRUCTURED_REPLY: 8, LIST_META: 9, SET_META: 10 };
-const REP = { ACK: 1, SERVER: 2, INFO: 3, META_CONTEXT: 4, ERR_UNSUP: 0x80000001 };
+const REP = { ACK: 1, SERVER: 2, INFO: 3, META_CONTEXT: 4, ERR_UNSUP: 0x80000001, ERR_TLS_REQD: 0x80000005 };
 const INFO = { EXPORT: 0, NAME: 1, DESCRIPTION: 2, BLOCK_SIZE: 3 } as const;
 const HANDSHAKE_FIXED = 0x1;
 const HANDSHAKE_FIXED_NOZEROES = 0x3;
@@ -89,6 +89,11 @@ test('encodeMetaContext in META_CONTEXT replies to SET (id 1) and LIST (id 0)', 
 
 test('encodeOptionError: ERR_UNSUP with a message', (t) => {
   t.deepEqual(codec.encodeOptionError(OPT.STARTTLS, REP.ERR_UNSUP, 'unsupported'), V.OPTION_REPLIES.errUnsupStarttls);
+});
+
+test('STARTTLS replies: ACK with no data; ERR_TLS_REQD to an option sent before TLS', (t) => {
+  t.deepEqual(codec.encodeOptionReply(OPT.STARTTLS, REP.ACK), V.OPTION_REPLIES.ackStarttls);
+  t.deepEqual(codec.encodeOptionError(OPT.GO, REP.ERR_TLS_REQD, 'tls'), V.OPTION_REPLIES.errTlsReqdGo);
 });
 
 test('encodeOptionError caps the message at the 4096-byte string limit without splitting a character', (t) => {
