@@ -86,14 +86,16 @@ function secondsArg(v: string): number {
 const storeOption = (): Option =>
   new Option('--store <url>', 'where volumes live: file:DIR, s3://bucket[/prefix], memory:').default(defaultStoreUrl(), '$BATON_STORE or file:~/.local/share/baton/store');
 
-interface StoreFlags { store: string; endpoint?: string; region?: string }
+interface StoreFlags { store: string; endpoint?: string; region?: string; keyFile?: string }
 
 /** The options every command that touches a store takes. */
 function withStore(cmd: Command): Command {
   return cmd
     .addOption(storeOption())
     .addOption(new Option('--endpoint <url>', 'S3-compatible endpoint (MinIO, Ceph RGW, R2...); credentials come from the AWS chain').env('BATON_S3_ENDPOINT'))
-    .addOption(new Option('--region <region>', 'S3 region').env('AWS_REGION'));
+    .addOption(new Option('--region <region>', 'S3 region').env('AWS_REGION'))
+    // Encrypted volumes (issue 16): read when one is created, forked or opened; never a key on the command line.
+    .option('--key-file <file>', 'master key of encrypted volumes (32 bytes raw, or 64 hex digits or base64 text); else BATON_KEY_FILE or BATON_KEY from the environment');
 }
 
 /**
@@ -101,7 +103,7 @@ function withStore(cmd: Command): Command {
  * included, then fail with a message naming the store and its endpoint; serve chooses its own.
  */
 function catalogFor(o: StoreFlags, extra: CatalogOptions = {}) {
-  return openCatalog(o.store, { retry: { budgetMs: INTERACTIVE_RETRY_BUDGET_MS }, ...extra, ...(o.endpoint ? { endpoint: o.endpoint } : {}), ...(o.region ? { region: o.region } : {}) });
+  return openCatalog(o.store, { retry: { budgetMs: INTERACTIVE_RETRY_BUDGET_MS }, ...(o.keyFile !== undefined ? { keyFile: o.keyFile } : {}), ...extra, ...(o.endpoint ? { endpoint: o.endpoint } : {}), ...(o.region ? { region: o.region } : {}) });
 }
 
 /** Aligned columns for humans (stdout); the first row is the header. */
@@ -125,6 +127,8 @@ function volumeJson(v: StoreVolumeInfo): Record<string, unknown> {
     ...(v.parent ? { parent: v.parent } : {}),
     ...(v.snapshotOf ? { snapshotOf: v.snapshotOf } : {}),
     ...(v.writtenBytes !== undefined ? { writtenBytes: v.writtenBytes, exclusiveBytes: v.exclusiveBytes, sharedBytes: v.sharedBytes } : {}),
+    ...(v.writtenStoredBytes !== undefined ? { writtenStoredBytes: v.writtenStoredBytes, exclusiveStoredBytes: v.exclusiveStoredBytes, sharedStoredBytes: v.sharedStoredBytes } : {}),
+    ...(v.data ? { data: v.data } : {}),
   };
 }
 
@@ -178,6 +182,7 @@ withStore(program.command('serve')
   .option('--hydrate-concurrency <n>', 'hydration GETs in flight per volume (its share of the store\'s bandwidth; guest reads never wait behind them)', positiveIntArg, DEFAULT_HYDRATE_CONCURRENCY)
   .addOption(new Option('--hydrate-max <size>', 'fetch at most this much per volume (default three quarters of --cache-size)').argParser(sizeArg))
   .addOption(durationOption('--stats-interval <duration>', 'log RSS, heap, event-loop delay (p50/p99/max since the last line) and read-cache counters at info level this often (0: never)', 0))
+  .addOption(new Option('--compression <on|off>', 'off: store new data uncompressed, for every volume served (it is still framed and checksummed); on: as each volume\'s record says').choices(['on', 'off']).default('on'))
   .option('--metrics <[host:]port>', 'serve Prometheus metrics at /metrics and health at /healthz, /readyz on this address (a bare port listens on 127.0.0.1)', (v: string) => {
     try { return parseMetricsAddress(v); } catch (err) { throw new CommanderInvalidArgument(errorMessage(err)); }
   })
@@ -222,7 +227,7 @@ Serving over a network (TLS is required off loopback; certificates and keys are 
   $ nbdinfo 'nbds://alice@server/work?tls-psk-file=/etc/baton/keys.psk'
   $ kill -HUP SERVE_PID                               # after rotating certificates, keys or authz
 See README.md, "Serving over a network", for making certificates and the client commands.`)
-  .action(async (opts: StoreFlags & LeaseFlags & ServeSecurityFlags & { listen: string; socket?: string; cacheDir: string; cacheSize: number; readOnly?: boolean; create?: string; size?: number; handshakeTimeout: number; maxConnections: number; idleGrace: number; logLevel: string; onHeld: OnHeld; heldWait: number; gcInterval: number; gcGrace: number; compactBelow: number; statsInterval: number; hydrate: HydrateMode; hydrateConcurrency: number; hydrateMax?: number; metrics?: { host: string; port: number } }) => {
+  .action(async (opts: StoreFlags & LeaseFlags & ServeSecurityFlags & { listen: string; socket?: string; cacheDir: string; cacheSize: number; readOnly?: boolean; create?: string; size?: number; handshakeTimeout: number; maxConnections: number; idleGrace: number; logLevel: string; onHeld: OnHeld; heldWait: number; gcInterval: number; gcGrace: number; compactBelow: number; statsInterval: number; hydrate: HydrateMode; hydrateConcurrency: number; hydrateMax?: number; metrics?: { host: string; port: number }; compression: 'on' | 'off' }) => {
     const log = makeLogger(opts.logLevel);
     // Who may connect is decided, and every TLS/authz file read, before the store is touched
     // (waiting for a store can take long; a typo in --tls-psk should not).
@@ -231,7 +236,9 @@ See README.md, "Serving over a network", for making certificates and the client 
     let provider: VolumeExports | undefined;
     const security = setupServeTls(opts, () => provider!, opts.handshakeTimeout * 1000);
     if (opts.size !== undefined && !opts.create) throw new InvalidArgumentError('--size is the size of the volume --create NAME makes; without --create it would do nothing (volumes are made with baton create NAME --size SIZE)');
-    const catalog = catalogFor(opts, { log, cacheDir: opts.cacheDir, cacheSize: opts.cacheSize, retry: { budgetMs: DEFAULT_RETRY_BUDGET_MS }, instrument: !!opts.metrics });
+    const catalog = catalogFor(opts, { log, cacheDir: opts.cacheDir, cacheSize: opts.cacheSize, retry: { budgetMs: DEFAULT_RETRY_BUDGET_MS }, instrument: !!opts.metrics,
+      ...(opts.compression === 'off' ? { volume: { compress: false } } : {}),
+    });
     // Metrics first: /healthz answers and /readyz says what it waits for while the store is
     // probed (which waits for as long as the store does not answer). Filled in as things start.
     const sources: MetricsSources = { info: { hostId: opts.hostId, store: catalog.description, version: VERSION }, ...(catalog instanceof StoreCatalog ? { store: catalog.store } : {}) };
@@ -306,13 +313,24 @@ withStore(program.command('create')
   .description('create a volume')
   .argument('<name>', 'volume name (letters, digits, . _ -)'))
   .requiredOption('--size <size>', 'logical size, e.g. 10G, 512M', sizeArg)
+  .addOption(new Option('--compression <codec>', 'compress its data (per 32 KiB frame; frames that do not shrink are stored as they are)').choices(['lz4', 'none']).default('lz4'))
+  .option('--encrypt', 'encrypt its data at rest (AES-256-GCM) with a data key of its own, wrapped by the master key (--key-file)')
+  .addOption(new Option('--data-format <format>', 'framed (checksummed frames) or raw (the layout before frames: no checksums; tests and benchmarks)').choices(['framed', 'raw']).default('framed').hideHelp())
   .option('--json', 'print the new volume as JSON')
   .addHelpText('after', `
 Examples:
   $ baton create work --size 10G
-  $ baton create scratch --size 512M --store file:/tmp/baton --json`)
-  .action(async (name: string, opts: StoreFlags & { size: number; json?: boolean }) => {
-    const v = await catalogFor(opts).create(name, opts.size);
+  $ baton create scratch --size 512M --store file:/tmp/baton --json
+  $ head -c 32 /dev/urandom > ~/.baton.key && chmod 600 ~/.baton.key
+  $ baton create secret --size 10G --encrypt --key-file ~/.baton.key
+
+Data is stored in checksummed frames: a damaged or foreign object is an I/O error, never wrong
+data. An encrypted volume (and every fork of it: forks get a data key of their own, so forking
+needs the key too, from BATON_KEY_FILE or BATON_KEY) is served only by a process given its
+master key: baton serve --key-file FILE. Metadata (names, sizes, which ranges were written,
+compressed sizes, timing) is not encrypted.`)
+  .action(async (name: string, opts: StoreFlags & { size: number; json?: boolean; compression: 'lz4' | 'none'; encrypt?: boolean; dataFormat: 'framed' | 'raw' }) => {
+    const v = await catalogFor(opts).create(name, opts.size, { compression: opts.compression, encrypt: !!opts.encrypt, format: opts.dataFormat });
     // memory: and ram: live in this process: the volume is gone as soon as we exit.
     const gone = isProcessLocalStore(opts.store)
       ? `${opts.store} keeps volumes only while the process that made them runs, so ${v.name} is gone now that baton create exits; `
@@ -345,6 +363,7 @@ withStore(program.command('info')
     const c = catalogFor(opts);
     const v: StoreVolumeInfo = c instanceof StoreCatalog ? await c.infoWithAccounting(name) : await c.info(name);
     if (opts.json) { printJson(volumeJson(v)); return; }
+    const stored = (n: number | undefined): string => (n === undefined ? '' : ` (${formatSize(n)} stored)`);
     const lines = [
       `name:      ${v.name}${v.kind === 'snapshot' ? ' (snapshot, read-only)' : ''}`,
       ...(v.snapshotOf ? [`of:        ${v.snapshotOf.volume !== null
@@ -352,7 +371,8 @@ withStore(program.command('info')
         : `a removed volume${v.snapshotOf.id ? ` (id ${v.snapshotOf.id})` : ''}, not any volume named ${v.name.slice(0, v.name.indexOf('@'))} now`}`] : []),
       `size:      ${formatSize(v.size)} (${v.size} bytes)`,
       `stored:    ${formatSize(v.storedBytes)} under its own prefix`,
-      ...(v.writtenBytes !== undefined ? [`written:   ${formatSize(v.writtenBytes)} mapped`, `exclusive: ${formatSize(v.exclusiveBytes ?? 0)} (freed if it is removed)`, `shared:    ${formatSize(v.sharedBytes ?? 0)} with forks and snapshots`] : []),
+      ...(v.writtenBytes !== undefined ? [`written:   ${formatSize(v.writtenBytes)} mapped${stored(v.writtenStoredBytes)}`, `exclusive: ${formatSize(v.exclusiveBytes ?? 0)}${stored(v.exclusiveStoredBytes)} (freed if it is removed)`, `shared:    ${formatSize(v.sharedBytes ?? 0)}${stored(v.sharedStoredBytes)} with forks and snapshots`] : []),
+      ...(v.data ? [`data:      ${v.data.format}, compression ${v.data.compression}${v.data.encrypted ? `, encrypted (master key id ${v.data.keyId})` : ''}`] : []),
       ...(v.parent ? [`forked:    from volume id ${v.parent.id} at log record ${v.parent.seq}`] : []),
       `created:   ${v.createdAt}`,
       `store:     ${opts.store}`,

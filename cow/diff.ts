@@ -12,6 +12,11 @@ export interface MappedExtent {
   length: number;
   key: string | null;
   off: number;
+  /**
+   * Stored bytes per logical byte of its object (a framed object's stored size over its
+   * logical size: compression; 1 when absent: raw objects store what they hold).
+   */
+  ratio?: number;
 }
 
 export interface Range { offset: number; length: number }
@@ -67,10 +72,19 @@ function sameSource(a: { key: string; off: number } | null, b: { key: string; of
   return a.key === b.key && a.off === b.off;
 }
 
+/**
+ * Logical bytes (what the guest wrote, as the map names it), and the same in stored bytes:
+ * each extent's share of its object's stored size (compression makes these smaller; exact for
+ * raw objects, and for framed ones in proportion to their logical bytes: frames compress
+ * unevenly, so a part of an object is attributed its object's average).
+ */
 export interface Accounting {
   writtenBytes: number;
   exclusiveBytes: number;
   sharedBytes: number;
+  writtenStoredBytes: number;
+  exclusiveStoredBytes: number;
+  sharedStoredBytes: number;
 }
 
 /**
@@ -80,19 +94,23 @@ export interface Accounting {
 export function accountMaps(maps: Map<string, Iterable<MappedExtent>>): Map<string, Accounting> {
   // Per object: the byte intervals each map references.
   const byObject = new Map<string, { start: number; end: number; owner: string }[]>();
+  const ratios = new Map<string, number>();
   const out = new Map<string, Accounting>();
   for (const [name, extents] of maps) {
-    const acc = { writtenBytes: 0, exclusiveBytes: 0, sharedBytes: 0 };
+    const acc: Accounting = { writtenBytes: 0, exclusiveBytes: 0, sharedBytes: 0, writtenStoredBytes: 0, exclusiveStoredBytes: 0, sharedStoredBytes: 0 };
     out.set(name, acc);
     for (const e of extents) {
       if (e.key === null) continue;
       acc.writtenBytes += e.length;
+      acc.writtenStoredBytes += e.length * (e.ratio ?? 1);
+      ratios.set(e.key, e.ratio ?? 1);
       let list = byObject.get(e.key);
       if (!list) { list = []; byObject.set(e.key, list); }
       list.push({ start: e.off, end: e.off + e.length, owner: name });
     }
   }
-  for (const list of byObject.values()) {
+  for (const [key, list] of byObject) {
+    const ratio = ratios.get(key)!;
     // Sweep the interval boundaries; between two boundaries the set of owners is fixed.
     const points: { at: number; owner: string; delta: 1 | -1 }[] = [];
     for (const iv of list) { points.push({ at: iv.start, owner: iv.owner, delta: 1 }, { at: iv.end, owner: iv.owner, delta: -1 }); }
@@ -107,14 +125,18 @@ export function accountMaps(maps: Map<string, Iterable<MappedExtent>>): Map<stri
           const acc = out.get(o)!;
           // A map that references the same object bytes twice still counts them once per reference.
           const refs = active.get(o)!;
-          if (owners.length === 1) acc.exclusiveBytes += len * refs;
-          else acc.sharedBytes += len * refs;
+          if (owners.length === 1) { acc.exclusiveBytes += len * refs; acc.exclusiveStoredBytes += len * refs * ratio; } else { acc.sharedBytes += len * refs; acc.sharedStoredBytes += len * refs * ratio; }
         }
       }
       const n = (active.get(p.owner) ?? 0) + p.delta;
       if (n === 0) active.delete(p.owner); else active.set(p.owner, n);
       prev = p.at;
     }
+  }
+  for (const acc of out.values()) {
+    acc.writtenStoredBytes = Math.round(acc.writtenStoredBytes);
+    acc.exclusiveStoredBytes = Math.round(acc.exclusiveStoredBytes);
+    acc.sharedStoredBytes = Math.round(acc.sharedStoredBytes);
   }
   return out;
 }

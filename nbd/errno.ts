@@ -35,6 +35,7 @@ export function toOptionError(err: unknown): number {
       return C.NBD_REP_ERR_UNKNOWN;
     case 'BATON_ERR_LEASE_HELD':
     case 'BATON_ERR_FENCED':
+    case 'BATON_ERR_KEY': // an encrypted volume without its key: refused, with the message saying which key
       return C.NBD_REP_ERR_POLICY;
     case 'BATON_ERR_SHUTDOWN':
       return C.NBD_REP_ERR_SHUTDOWN;

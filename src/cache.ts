@@ -353,6 +353,24 @@ export class BlockCache {
     return n;
   }
 
+  /**
+   * Drop the cached blocks of [offset, offset+length) of object `key`: bytes read from them
+   * failed their check (frames.ts), so the next read fetches them from the store. An entry
+   * whose slab write has not settled yet leaves once it has (its slot must not pass on while
+   * that write may still land in it); meanwhile a read that finds it fails its check the same
+   * way and reads from the store.
+   */
+  forget(key: string, offset: number, length: number): void {
+    if (length <= 0) return;
+    for (let b = Math.floor(offset / CACHE_BLOCK), last = Math.floor((offset + length - 1) / CACHE_BLOCK); b <= last; b++) {
+      const id = BlockCache.id(key, b);
+      const e = this.index.get(id);
+      if (!e) continue;
+      if (e.data === null) this.drop(id, e);
+      else void e.ready.then(() => { if (this.index.get(id) === e) this.drop(id, e); });
+    }
+  }
+
   /** Block `block` of `key` is neither cached nor being fetched. */
   private missing(key: string, block: number): boolean {
     const id = BlockCache.id(key, block);

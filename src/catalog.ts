@@ -7,6 +7,7 @@ import type { Logger } from './log.js';
 import { silentLogger } from './log.js';
 import { openStore, parseStoreUrl, type OpenStoreOptions } from './store/open.js';
 import { StoreCatalog } from './volume/catalog.js';
+import { loadMasterKey, type MasterKey } from './volume/keys.js';
 import type { VolumeOptions } from './volume/volume.js';
 import { FileCatalog, MemoryCatalog, type VolumeCatalog } from './volumes.js';
 
@@ -14,7 +15,9 @@ export interface CatalogOptions extends OpenStoreOptions {
   log?: Logger;
   cacheDir?: string;
   cacheSize?: number;
-  volume?: Partial<Omit<VolumeOptions, 'store' | 'cache' | 'log' | 'readOnly'>>;
+  volume?: Partial<Omit<VolumeOptions, 'store' | 'cache' | 'log' | 'readOnly' | 'frameKeys'>>;
+  /** The master key file (--key-file); without it, BATON_KEY_FILE or BATON_KEY, read when an encrypted volume needs it (keys.ts). */
+  keyFile?: string;
 }
 
 export function defaultCacheDir(): string {
@@ -38,10 +41,12 @@ export function openCatalog(url: string, opts: CatalogOptions = {}): VolumeCatal
 export function openStoreCatalog(url: string, opts: CatalogOptions = {}): StoreCatalog {
   const store = openStore(url, opts);
   let cache: Promise<BlockCache> | null = null;
+  let master: { key: MasterKey | null } | undefined;
   return new StoreCatalog({
     store,
     log: opts.log ?? silentLogger(),
     cache: () => (cache ??= BlockCache.open({ dir: opts.cacheDir ?? defaultCacheDir(), capacityBytes: opts.cacheSize ?? 2 * 1024 ** 3, ...(opts.log ? { log: opts.log } : {}) })),
     ...(opts.volume ? { volume: opts.volume } : {}),
+    masterKey: () => (master ??= { key: loadMasterKey(opts.keyFile) }).key,
   });
 }

@@ -11,6 +11,8 @@
  * - fix the setup:    MisconfiguredError (this process disagrees with what the store records),
  *                     StoreUnsafeError (the store breaks a guarantee baton relies on)
  * - terminal:         FencedError (another host took the volume), ShutdownError, CorruptError
+ *                     (ChecksumError: stored data failed its check: EIO, never the bytes)
+ * - give the key:     KeyError (an encrypted volume without its master key, or with another)
  */
 
 export type BatonErrorCode =
@@ -34,7 +36,8 @@ export type BatonErrorCode =
   | 'BATON_ERR_TIMEOUT'
   | 'BATON_ERR_PROTOCOL'
   | 'BATON_ERR_TLS'
-  | 'BATON_ERR_TLS_REQUIRED';
+  | 'BATON_ERR_TLS_REQUIRED'
+  | 'BATON_ERR_KEY';
 
 export class BatonError extends Error {
   readonly code: BatonErrorCode;
@@ -132,6 +135,26 @@ export class ShutdownError extends BatonError {
 /** Stored metadata failed validation: do not guess, stop and report. */
 export class CorruptError extends BatonError {
   constructor(message: string) { super('BATON_ERR_CORRUPT', message); }
+}
+
+/**
+ * A frame of stored data failed its check (crc, length, or AES-GCM authentication): bit rot,
+ * a truncated or foreign object, or tampering. The read fails (EIO to the client) rather than
+ * return those bytes; the object and frame are named so an operator can find them.
+ */
+export class ChecksumError extends CorruptError {
+  constructor(readonly objectKey: string, readonly frame: number, readonly reason: string) {
+    super(`${objectKey}: frame ${frame} failed its check (${reason})`);
+  }
+}
+
+/**
+ * An encrypted volume cannot be opened with the key this process has: none was given, it is
+ * another key than the volume's, or the volume's data key does not unwrap with it. Give the
+ * right master key (--key-file, BATON_KEY_FILE, BATON_KEY). Refused at attach, before any read.
+ */
+export class KeyError extends BatonError {
+  constructor(message: string) { super('BATON_ERR_KEY', message); }
 }
 
 export class TimeoutError extends BatonError {

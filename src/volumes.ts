@@ -34,6 +34,12 @@ export interface VolumeInfo {
   exclusiveBytes?: number;
   /** ...and of which at least one relative maps them too. */
   sharedBytes?: number;
+  /** The same three in stored bytes (after compression: cow/diff.ts Accounting). */
+  writtenStoredBytes?: number;
+  exclusiveStoredBytes?: number;
+  sharedStoredBytes?: number;
+  /** How it stores data (object-store volumes): format, compression, and whether it is encrypted (with which master key id). */
+  data?: { format: string; compression: string; encrypted: boolean; keyId?: string };
 }
 
 export interface OpenVolume {
@@ -55,7 +61,8 @@ export interface VolumeIdentity {
 
 export interface VolumeCatalog {
   readonly description: string;
-  create(name: string, size: number): Promise<VolumeInfo>;
+  /** `data`: how an object-store volume stores its data (compression, encryption); plain backends store raw bytes and refuse encryption. */
+  create(name: string, size: number, data?: { compression?: 'lz4' | 'none'; encrypt?: boolean; format?: 'framed' | 'raw' }): Promise<VolumeInfo>;
   /** Every volume with its figures (may cost requests per volume: for `baton ls`, not for NBD). */
   list(): Promise<VolumeInfo[]>;
   /**
@@ -131,7 +138,8 @@ export class FileCatalog implements VolumeCatalog {
     return path.join(this.volumesDir, name);
   }
 
-  async create(name: string, size: number): Promise<VolumeInfo> {
+  async create(name: string, size: number, data: { encrypt?: boolean } = {}): Promise<VolumeInfo> {
+    if (data.encrypt) throw new InvalidArgumentError(`${this.description} stores plain bytes: encryption needs an object store (file:DIR, s3://)`);
     checkVolumeSize(size);
     const dir = this.volDir(name);
     await fsp.mkdir(this.volumesDir, { recursive: true });
@@ -228,7 +236,8 @@ export class MemoryCatalog implements VolumeCatalog {
   readonly description = 'memory:';
   private readonly volumes = new Map<string, { info: VolumeInfo; backend: MemoryBackend }>();
 
-  async create(name: string, size: number): Promise<VolumeInfo> {
+  async create(name: string, size: number, data: { encrypt?: boolean } = {}): Promise<VolumeInfo> {
+    if (data.encrypt) throw new InvalidArgumentError(`${this.description} stores plain bytes: encryption needs an object store (file:DIR, s3://)`);
     checkVolumeName(name);
     checkVolumeSize(size);
     if (this.volumes.has(name)) throw new AlreadyExistsError(`volume "${name}" already exists in memory:`);

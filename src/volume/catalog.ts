@@ -14,9 +14,10 @@ import { accountMaps, diffMaps, type MappedExtent, type Range } from '../../cow/
 import type { Logger } from '../log.js';
 import { listAll, type ObjectStore } from '../store/object-store.js';
 import { checkExportName, checkVolumeName, checkVolumeSize, type OpenVolume, type RemoveResult, type VolumeCatalog, type VolumeInfo } from '../volumes.js';
-import { decodeVolumeRecord, encodeVolumeRecord, keys, maxOperationMs, seqFromKey, timeBounds, type VolumeRecord } from './format.js';
+import { DEFAULT_DATA, dataSettings, decodeVolumeRecord, encodeVolumeRecord, keys, maxOperationMs, seqFromKey, timeBounds, type DataSettings, type VolumeRecord } from './format.js';
 import { GC_STATE_KEY, decodeGcState } from './gc-state.js';
 import type { HydrateOptions } from './hydrate.js';
+import { derivedEncryption, frameKeysFor, newEncryption, type MasterKey } from './keys.js';
 import { mapLimit, Volume, type VolumeOptions } from './volume.js';
 
 export interface StoreCatalogOptions {
@@ -24,7 +25,20 @@ export interface StoreCatalogOptions {
   log: Logger;
   /** The process-wide read cache, made on first open. */
   cache: () => Promise<BlockCache>;
-  volume?: Partial<Omit<VolumeOptions, 'store' | 'cache' | 'log' | 'readOnly'>>;
+  volume?: Partial<Omit<VolumeOptions, 'store' | 'cache' | 'log' | 'readOnly' | 'frameKeys'>>;
+  /**
+   * The master key of encrypted volumes (keys.ts), asked for only when one is needed: to create
+   * an encrypted volume, fork one, or open one (null: none was given; those are then refused).
+   */
+  masterKey?: () => MasterKey | null;
+}
+
+/** How a new volume stores its data (format.ts DataSettings); defaults: framed, lz4. */
+export interface CreateOptions {
+  format?: DataSettings['format'];
+  compression?: DataSettings['compression'];
+  /** Encrypt its data with a data key of its own, wrapped by the master key (keys.ts). */
+  encrypt?: boolean;
 }
 
 /** Attempts at a name record's put whose earlier attempts provably did not land. */
@@ -85,12 +99,17 @@ export class StoreCatalog implements VolumeCatalog {
   /** The process-wide read cache (made on first use; `serve` makes it at start, so a bad cache directory is reported then, not at every attach). */
   readCache(): Promise<BlockCache> { return this.opts.cache(); }
 
-  async create(name: string, size: number): Promise<VolumeInfo> {
+  async create(name: string, size: number, opts: CreateOptions = {}): Promise<VolumeInfo> {
     checkVolumeName(name);
     checkVolumeSize(size);
-    const rec = await this.landRecord(name, 'create', async () => (
-      { format: 'baton-volume-1', name, id: randomId(this.world, 8), size, createdAt: this.world.wallTime().toISOString() }
-    ), 'if it is there, it was created; if not, nothing needs cleaning up');
+    const data: DataSettings = { format: opts.format ?? DEFAULT_DATA.format, compression: opts.compression ?? DEFAULT_DATA.compression };
+    if (opts.encrypt && data.format !== 'framed') throw new InvalidArgumentError('encryption needs framed data (--data-format framed)');
+    const master = opts.encrypt ? this.masterKey() : null;
+    const rec = await this.landRecord(name, 'create', async () => {
+      const id = randomId(this.world, 8);
+      const enc = opts.encrypt ? { encryption: newEncryption(master, name, id, this.world) } : {};
+      return { format: 'baton-volume-1', name, id, size, createdAt: this.world.wallTime().toISOString(), data: { ...data, ...enc } };
+    }, 'if it is there, it was created; if not, nothing needs cleaning up');
     return { name, size, createdAt: rec.createdAt, storedBytes: 0, kind: 'volume' };
   }
 
@@ -324,11 +343,20 @@ export class StoreCatalog implements VolumeCatalog {
    */
   private async derive(srcName: string, name: string, snapshot: boolean): Promise<VolumeRecord> {
     const src = await this.record(srcName);
-    return this.landRecord(name, snapshot ? 'snapshot' : 'fork', async () => ({
-      format: 'baton-volume-1', name, id: randomId(this.world, 8), size: src.size, createdAt: this.world.wallTime().toISOString(), parent: await this.forkPoint(src),
+    // A fork of an encrypted volume gets a data key of its own: the master key is needed (now, not after the fork point is read).
+    const master = src.data?.encryption && !snapshot ? this.masterKey() : null;
+    return this.landRecord(name, snapshot ? 'snapshot' : 'fork', async () => {
+      const id = randomId(this.world, 8);
+      const enc = src.data?.encryption;
+      // It stores data as its source does (a record made before issue 16 has no settings: neither has its fork).
+      const data = src.data ? { data: { ...src.data, ...(enc ? { encryption: derivedEncryption(enc, master, name, srcName, id, snapshot, this.world) } : {}) } } : {};
+      return {
+        format: 'baton-volume-1' as const, name, id, size: src.size, createdAt: this.world.wallTime().toISOString(), parent: await this.forkPoint(src),
+        ...data,
       // A snapshot belongs to one volume identity, not to a name that may be reused.
       ...(snapshot ? { snapshot: true, of: src.id } : {}),
-    }),
+      };
+    },
     // A record that may land after we gave up could land later than GC allows (landRecord).
     `if it is there, remove it (baton rm ${name}) and make it again, since it cannot be trusted against garbage collection; if not, nothing needs cleaning up`,
     (rec) => this.confirmSource(srcName, src, rec));
@@ -338,6 +366,9 @@ export class StoreCatalog implements VolumeCatalog {
   private wait(ms: number): Promise<void> { return new Promise((r) => { this.world.setTimeout(r, ms); }); }
 
   private get maxOpMs(): number { return this.opts.volume?.maxOperationMs ?? maxOperationMs(); }
+
+  /** The master key, if this process was given one (loaded on first need: keys.ts). */
+  private masterKey(): MasterKey | null { return this.opts.masterKey?.() ?? null; }
   private get world(): World { return this.opts.volume?.world ?? systemWorld; }
 
   /** O(1) fork: a new writable volume whose map starts as SRC's (a volume or NAME@SNAP) at its last acknowledged flush. */
@@ -390,9 +421,11 @@ export class StoreCatalog implements VolumeCatalog {
 
   private async describe(rec: VolumeRecord, volumeNow: VolumeRecord | null): Promise<StoreVolumeInfo> {
     const objs = await listAll(this.opts.store, keys.volumePrefix(rec.id));
+    const d = dataSettings(rec);
     return {
       name: rec.name, size: rec.size, createdAt: rec.createdAt, storedBytes: objs.reduce((n, o) => n + o.size, 0),
       kind: rec.snapshot ? 'snapshot' : 'volume', ...(rec.parent ? { parent: rec.parent } : {}),
+      data: { format: d.format, compression: d.compression, encrypted: d.encryption !== undefined, ...(d.encryption ? { keyId: d.encryption.keyId } : {}) },
       ...(rec.snapshot ? { snapshotOf: this.snapshotOf(rec, volumeNow) } : {}),
     };
   }
@@ -661,7 +694,7 @@ export class StoreCatalog implements VolumeCatalog {
     const view = await this.openView(rec);
     try {
       const extents: MappedExtent[] = [];
-      await view.forEachCommitted((e) => { extents.push({ offset: e.offset, length: e.length, key: e.key, off: e.off }); });
+      await view.forEachCommitted((e) => { extents.push({ offset: e.offset, length: e.length, key: e.key, off: e.off, ...(e.fr && e.fr.logical > 0 ? { ratio: e.fr.stored / e.fr.logical } : {}) }); });
       return extents;
     } finally {
       await view.close();
@@ -732,7 +765,9 @@ export class StoreCatalog implements VolumeCatalog {
 
   async open(name: string, options: { readOnly: boolean }): Promise<OpenVolume> {
     const rec = await this.record(name);
-    const vol = await Volume.open(rec, { ...this.opts.volume, store: this.opts.store, cache: await this.opts.cache(), log: this.opts.log, readOnly: options.readOnly || !!rec.snapshot });
+    // An encrypted volume without its key (or with another) is refused here, at attach (KeyError), never as an EIO on a first read.
+    const frameKeys = frameKeysFor(rec, rec.data?.encryption ? this.masterKey() : null);
+    const vol = await Volume.open(rec, { ...this.opts.volume, store: this.opts.store, cache: await this.opts.cache(), log: this.opts.log, readOnly: options.readOnly || !!rec.snapshot, frameKeys });
     return { backend: vol, close: () => vol.close(), volume: vol };
   }
 }

@@ -18,14 +18,27 @@
  * so the commit point and the data land together (one store round trip on the critical
  * path). Larger flushes upload full segments in parallel first, then the log record.
  *
- * Log record layout: "BATONLG1" | u32 BE header length | header JSON | inline data.
+ * Log record layout: v3 (framed data, issue 16): "BATONLG3" | u32 BE header length | u32 BE
+ * crc32 of the header JSON | header JSON | inline data as frames (frames.ts). v1/v2 (still read,
+ * and written for volumes whose record says `data.format: 'raw'`): "BATONLG1" | u32 BE header
+ * length | header JSON | raw inline data.
  * Extent sources in a header: >= 0 index into `segments`, INLINE (-1) the record's own
  * data, HOLE (-2) trimmed/zeroed that may read as a hole, ZERO (-3) zeroed and allocated.
+ * Offsets into data (an extent's source offset) are logical for framed objects (v3 records'
+ * segments and inline data) and stored offsets for raw ones: an object is one or the other, so
+ * "the same key and offset is the same data" holds for both (cow/diff.ts).
+ *
+ * Framed objects carry their frame index in the metadata that names them (a v3 header's
+ * `segments[i].frames` and `inline.frames`, a v5 checkpoint's object table), so reads find
+ * their frames without a request (docs/rfc-frames.md).
  */
 
+import { crc32 } from 'node:zlib';
 import { CorruptError } from '../errors.js';
+import { FrameIndex, lengthsFromString, lengthsToString } from './frames.js';
 
 export const LOG_MAGIC = Buffer.from('BATONLG1');
+export const LOG_MAGIC_V3 = Buffer.from('BATONLG3');
 export const SRC_INLINE = -1;
 export const SRC_HOLE = -2;
 export const SRC_ZERO = -3;
@@ -58,6 +71,32 @@ export function seqFromKey(key: string): number {
   return Number(s);
 }
 
+/**
+ * How a volume stores its data (issue 16). Part of the record, so fixed at creation: a fork or
+ * snapshot takes its source's (with its own data key added to the keyring: keys.ts).
+ * - format: 'framed' (frames with checksums, frames.ts) or 'raw' (the layout before issue 16:
+ *   no frames, no checks; kept for compatibility tests and as a benchmark baseline);
+ * - compression: 'lz4' or 'none' (frames that do not shrink are stored raw either way);
+ * - encryption: present for an encrypted volume (keys.ts).
+ * A record without `data` (made before issue 16) writes framed lz4 frames from now on.
+ */
+export interface DataSettings {
+  format: 'framed' | 'raw';
+  compression: 'lz4' | 'none';
+  encryption?: EncryptionSettings;
+}
+
+/** An encrypted volume's keyring: the data key of every volume whose objects its map may name, wrapped by the master key. */
+export interface EncryptionSettings {
+  alg: 'aes-256-gcm';
+  /** Which master key wraps the data keys (keys.ts keyId): a clear refusal when another one is given. */
+  keyId: string;
+  /** Volume id -> its data key wrapped by the master key (base64): this volume's own (if it writes) and its ancestors'. */
+  keys: Record<string, string>;
+}
+
+export const DEFAULT_DATA: DataSettings = { format: 'framed', compression: 'lz4' };
+
 export interface VolumeRecord {
   format: 'baton-volume-1';
   name: string;
@@ -77,6 +116,8 @@ export interface VolumeRecord {
    * it existed: those are attributed by name.
    */
   of?: string;
+  /** How its data is stored (absent: made before issue 16, see DataSettings). */
+  data?: DataSettings;
 }
 
 export function encodeVolumeRecord(r: VolumeRecord): Buffer {
@@ -89,24 +130,58 @@ export function decodeVolumeRecord(b: Buffer, key: string): VolumeRecord {
   if (r.format !== 'baton-volume-1' || typeof r.id !== 'string' || !Number.isSafeInteger(r.size)) {
     throw new CorruptError(`${key}: not a baton volume record (format ${String(r.format)})`);
   }
+  if (r.data !== undefined) checkDataSettings(r.data, key);
   return r;
+}
+
+function checkDataSettings(d: DataSettings, key: string): void {
+  const bad = (why: string): never => { throw new CorruptError(`${key}: data settings: ${why}`); };
+  if (typeof d !== 'object' || d === null) bad('not an object');
+  if (d.format !== 'framed' && d.format !== 'raw') bad(`unknown format ${String(d.format)} (a newer baton's?)`);
+  if (d.compression !== 'lz4' && d.compression !== 'none') bad(`unknown compression ${String(d.compression)}`);
+  const e = d.encryption;
+  if (e !== undefined) {
+    if (d.format !== 'framed') bad('encryption needs framed data');
+    if (e.alg !== 'aes-256-gcm' || typeof e.keyId !== 'string' || typeof e.keys !== 'object' || e.keys === null) bad('unknown encryption settings');
+    for (const v of Object.values(e.keys)) if (typeof v !== 'string') bad('a wrapped key is not a string');
+  }
+}
+
+/** The data settings a record stands for (DEFAULT_DATA for records made before they existed). */
+export function dataSettings(r: VolumeRecord): DataSettings {
+  return r.data ?? DEFAULT_DATA;
 }
 
 /** [offset, length, source, sourceOffset] */
 export type RecordExtent = [number, number, number, number];
 
+/** A segment a log record names: stored size, and for framed segments (v3) their logical size and frame index. */
+export interface SegmentRef {
+  key: string;
+  size: number;
+  /** v3: logical bytes. */
+  logical?: number;
+  /** v3: stored length of every frame (frames.ts lengthsToString). */
+  frames?: string;
+}
+
 export interface LogHeader {
-  /** 1: before records were chained (no id/prev); 2: chained. Both are read. */
-  v: 1 | 2;
+  /** 1: before records were chained (no id/prev); 2: chained; 3: chained, data framed. All are read. */
+  v: 1 | 2 | 3;
   kind: 'commit' | 'takeover';
   seq: number;
   volumeId: string;
   /** Fencing token of the writer (see recordCounts). */
   token: number;
   time: string;
-  segments: { key: string; size: number }[];
+  segments: SegmentRef[];
   extents: RecordExtent[];
+  /** Stored bytes of inline data after the header. */
   inlineLength: number;
+  /** v3: logical frame size of every framed object this record names. */
+  frameBytes?: number;
+  /** v3 with inline data: its logical size and frame index. */
+  inline?: { logical: number; frames: string };
   /**
    * This record's identity: random, written once. A writer whose create-only put of this
    * position failed without an answer, or found the position taken, reads the record there
@@ -152,31 +227,65 @@ export function followsChain(h: Pick<LogHeader, 'prev'>, lastId: string | undefi
 
 export function encodeLogRecord(h: LogHeader, inline: Buffer[]): { body: Buffer; dataStart: number } {
   const json = Buffer.from(JSON.stringify(h));
-  const dataStart = 12 + json.length;
+  const v3 = h.v === 3;
+  const dataStart = (v3 ? 16 : 12) + json.length;
   const body = Buffer.allocUnsafe(dataStart + h.inlineLength);
-  LOG_MAGIC.copy(body, 0);
+  (v3 ? LOG_MAGIC_V3 : LOG_MAGIC).copy(body, 0);
   body.writeUInt32BE(json.length, 8);
-  json.copy(body, 12);
+  if (v3) body.writeUInt32BE(crc32(json), 12);
+  json.copy(body, dataStart - json.length);
   let off = dataStart;
   for (const b of inline) { b.copy(body, off); off += b.length; }
   if (off !== body.length) throw new Error('encodeLogRecord: inline data does not match inlineLength');
   return { body, dataStart };
 }
 
-/** Bytes needed to read a header, given the first 12 bytes (magic + length). */
-export function logHeaderLength(prefix: Buffer, key: string): number {
-  if (prefix.length < 12 || !prefix.subarray(0, 8).equals(LOG_MAGIC)) throw new CorruptError(`${key}: not a baton log record`);
-  return prefix.readUInt32BE(8);
+/** Bytes needed to read a whole header (magic, length fields and JSON), given at least the first 16 bytes of the record (or all of it). */
+export function logHeaderEnd(prefix: Buffer, key: string): number {
+  if (prefix.length >= 12 && prefix.subarray(0, 8).equals(LOG_MAGIC)) return 12 + prefix.readUInt32BE(8);
+  if (prefix.length >= 16 && prefix.subarray(0, 8).equals(LOG_MAGIC_V3)) return 16 + prefix.readUInt32BE(8);
+  throw new CorruptError(`${key}: not a baton log record`);
 }
 
 export function decodeLogHeader(b: Buffer, key: string): { header: LogHeader; dataStart: number } {
-  const len = logHeaderLength(b, key);
-  if (b.length < 12 + len) throw new CorruptError(`${key}: truncated log header`);
+  const end = logHeaderEnd(b, key);
+  const v3 = b.subarray(0, 8).equals(LOG_MAGIC_V3);
+  if (b.length < end) throw new CorruptError(`${key}: truncated log header`);
+  const json = b.subarray(v3 ? 16 : 12, end);
+  if (v3 && crc32(json) !== b.readUInt32BE(12)) throw new CorruptError(`${key}: log header checksum mismatch`);
   let h: LogHeader;
-  try { h = JSON.parse(b.subarray(12, 12 + len).toString('utf8')) as LogHeader; } catch { throw new CorruptError(`${key}: log header is not JSON`); }
-  if ((h.v !== 1 && h.v !== 2) || !Array.isArray(h.extents) || !Array.isArray(h.segments)) throw new CorruptError(`${key}: unsupported log record version`);
-  if (h.v === 2 && (typeof h.id !== 'string' || typeof h.prev !== 'string')) throw new CorruptError(`${key}: v2 log record without id/prev`);
-  return { header: h, dataStart: 12 + len };
+  try { h = JSON.parse(json.toString('utf8')) as LogHeader; } catch { throw new CorruptError(`${key}: log header is not JSON`); }
+  if ((v3 ? h.v !== 3 : h.v !== 1 && h.v !== 2) || !Array.isArray(h.extents) || !Array.isArray(h.segments)) throw new CorruptError(`${key}: unsupported log record version`);
+  if (h.v >= 2 && (typeof h.id !== 'string' || typeof h.prev !== 'string')) throw new CorruptError(`${key}: v${h.v} log record without id/prev`);
+  if (v3) {
+    if (!Number.isSafeInteger(h.frameBytes)) throw new CorruptError(`${key}: v3 log record without a frame size`);
+    if (h.inlineLength > 0 && (typeof h.inline !== 'object' || h.inline === null)) throw new CorruptError(`${key}: v3 log record with inline data but no frame index`);
+  }
+  return { header: h, dataStart: end };
+}
+
+/** The frame index of segment `i` of a v3 record (null for v1/v2 records: raw segments). CorruptError if it does not add up. */
+export function segmentFrames(h: LogHeader, i: number, key: string): FrameIndex | null {
+  if (h.v !== 3) return null;
+  const s = h.segments[i]!;
+  const what = `${key}: segment ${s.key}`;
+  const idx = FrameIndex.fromLengths(h.frameBytes!, s.logical ?? -1, 0, lengthsFromString(s.frames, what), what);
+  if (idx.stored !== s.size) throw new CorruptError(`${what}: frames of ${idx.stored} bytes in a segment of ${s.size}`);
+  return idx;
+}
+
+/** The frame index of a v3 record's inline data, which starts at `dataStart` (null for v1/v2 or no inline data). */
+export function inlineFrames(h: LogHeader, dataStart: number, recordSize: number, key: string): FrameIndex | null {
+  if (h.v !== 3 || h.inlineLength === 0) return null;
+  const what = `${key}: inline data`;
+  const idx = FrameIndex.fromLengths(h.frameBytes!, h.inline!.logical, dataStart, lengthsFromString(h.inline!.frames, what), what);
+  if (idx.stored !== h.inlineLength || dataStart + h.inlineLength !== recordSize) throw new CorruptError(`${what}: frames of ${idx.stored} bytes, header says ${h.inlineLength}, record ${recordSize - dataStart}`);
+  return idx;
+}
+
+/** A segment reference of a v3 header for a framed segment. */
+export function framedSegmentRef(key: string, logical: number, lengths: Uint32Array, stored: number): SegmentRef {
+  return { key, size: stored, logical, frames: lengthsToString(lengths) };
 }
 
 export interface Checkpoint {
@@ -214,13 +323,20 @@ export interface Checkpoint {
  * (gc.ts) are unchanged: it names volume offsets, never objects.
  */
 export const CHECKPOINT_MAGIC_V3 = Buffer.from('BATONCP3');
-export const CHECKPOINT_MAGIC = Buffer.from('BATONCP4');
+export const CHECKPOINT_MAGIC_V4 = Buffer.from('BATONCP4');
+/**
+ * v5 (issue 16): v4 with, per object after its size, a u8 kind: 0 raw, 1 framed, then for a
+ * framed object u32 LE frame size, f64 LE logical size, f64 LE base (stored offset of frame 0),
+ * u32 LE frame count and that many u32 LE stored frame lengths; the working set section is
+ * optional (header `workingSet`); and a u32 LE crc32 of every byte before it ends the body.
+ */
+export const CHECKPOINT_MAGIC = Buffer.from('BATONCP5');
 export const CHECKPOINT_EXTENT_BYTES = 24;
 /** Bytes per working-set entry in a v4 checkpoint. */
 export const WORKING_SET_ENTRY_BYTES = 4;
 
 export interface CheckpointHeader {
-  v: 3 | 4;
+  v: 3 | 4 | 5;
   volumeId: string;
   seq: number;
   token: number;
@@ -228,9 +344,12 @@ export interface CheckpointHeader {
   time: string;
   objects: number;
   extents: number;
-  /** v4: the working set section that follows the extents. */
+  /** v4 (always), v5 (when present): the working set section that follows the extents. */
   workingSet?: { chunkBytes: number; entries: number };
 }
+
+/** An object a checkpoint names: key, stored size, and its frame index if it is framed (v5). */
+export type CheckpointObject = [key: string, size: number, frames?: FrameIndex | null];
 
 /** A working set as a checkpoint carries it: chunk indices (offset / chunkBytes), most recently used first. */
 export interface WorkingSetData {
@@ -240,12 +359,12 @@ export interface WorkingSetData {
 
 /** A decoded checkpoint of any version: its header, objects, and its extents read a chunk at a time. */
 export interface CheckpointData {
-  v: 1 | 2 | 3 | 4;
+  v: 1 | 2 | 3 | 4 | 5;
   volumeId: string;
   seq: number;
   token: number;
   lastId?: string;
-  objects: [string, number][];
+  objects: CheckpointObject[];
   extentCount: number;
   /** v4: the writer's working set when it wrote the checkpoint (absent in older versions). */
   workingSet?: WorkingSetData;
@@ -267,8 +386,31 @@ export const CHECKPOINT_CHUNK = 4_000;
  */
 export const CHUNK_MS = 5;
 
-export function decodeCheckpoint(b: Buffer, key: string): CheckpointData {
-  if (b.length >= 12 && b.subarray(0, 8).equals(CHECKPOINT_MAGIC)) return decodeCheckpointBinary(b, key, 4);
+/** Bytes of a v5 checkpoint's crc computed between two pauses (checkCheckpoint). */
+const CRC_SLICE = 4 * 1024 * 1024;
+
+/**
+ * Check a v5 checkpoint's crc a slice at a time, pausing in between (a checkpoint of 10M
+ * extents is 240 MiB: its crc in one go held the event loop for ~150 ms). Older versions have
+ * none: nothing to check. Then decode it with `{ crcChecked: true }`.
+ */
+export async function checkCheckpoint(b: Buffer, key: string, pause: () => Promise<void>): Promise<void> {
+  if (!(b.length >= 16 && b.subarray(0, 8).equals(CHECKPOINT_MAGIC))) return;
+  let c = 0;
+  for (let at = 0; at < b.length - 4; at += CRC_SLICE) {
+    if (at > 0) await pause();
+    c = crc32(b.subarray(at, Math.min(at + CRC_SLICE, b.length - 4)), c);
+  }
+  if (c !== b.readUInt32LE(b.length - 4)) throw new CorruptError(`${key}: checkpoint checksum mismatch`);
+}
+
+/** Decode a checkpoint of any version. A v5 one's crc is checked here unless `crcChecked` (checkCheckpoint did). */
+export function decodeCheckpoint(b: Buffer, key: string, opts: { crcChecked?: boolean } = {}): CheckpointData {
+  if (b.length >= 16 && b.subarray(0, 8).equals(CHECKPOINT_MAGIC)) {
+    if (!opts.crcChecked && crc32(b.subarray(0, b.length - 4)) !== b.readUInt32LE(b.length - 4)) throw new CorruptError(`${key}: checkpoint checksum mismatch`);
+    return decodeCheckpointBinary(b.subarray(0, b.length - 4), key, 5);
+  }
+  if (b.length >= 12 && b.subarray(0, 8).equals(CHECKPOINT_MAGIC_V4)) return decodeCheckpointBinary(b, key, 4);
   if (b.length >= 12 && b.subarray(0, 8).equals(CHECKPOINT_MAGIC_V3)) return decodeCheckpointBinary(b, key, 3);
   let c: Checkpoint;
   try { c = JSON.parse(b.toString('utf8')) as Checkpoint; } catch { throw new CorruptError(`${key}: checkpoint is not JSON`); }
@@ -297,34 +439,56 @@ function validChunkBytes(n: unknown): n is number {
   return typeof n === 'number' && Number.isSafeInteger(n) && n >= 4096 && n <= 2 ** 30 && (n & (n - 1)) === 0;
 }
 
-function decodeCheckpointBinary(b: Buffer, key: string, version: 3 | 4): CheckpointData {
+function decodeCheckpointBinary(b: Buffer, key: string, version: 3 | 4 | 5): CheckpointData {
   const hlen = b.readUInt32BE(8);
   if (12 + hlen > b.length) throw new CorruptError(`${key}: checkpoint header runs past the end`);
   let h: CheckpointHeader;
   try { h = JSON.parse(b.subarray(12, 12 + hlen).toString('utf8')) as CheckpointHeader; } catch { throw new CorruptError(`${key}: checkpoint header is not JSON`); }
   if (h.v !== version || !Number.isSafeInteger(h.objects) || !Number.isSafeInteger(h.extents) || h.objects < 0 || h.extents < 0) throw new CorruptError(`${key}: unsupported checkpoint header`);
   let wsEntries = 0;
-  if (version === 4) {
+  const hasWs = version === 4 || (version === 5 && h.workingSet !== undefined);
+  if (hasWs) {
     const ws = h.workingSet;
     if (!ws || !validChunkBytes(ws.chunkBytes) || !Number.isSafeInteger(ws.entries) || ws.entries < 0) throw new CorruptError(`${key}: checkpoint working set header is invalid`);
     wsEntries = ws.entries;
   }
-  // The object table is small (one entry per object, not per extent): read at once.
-  const objects: [string, number][] = [];
+  // The object table is small (one entry per object, and for framed objects 4 bytes per
+  // frame: 128 KiB per GiB of data): read at once.
+  const objects: CheckpointObject[] = [];
   let pos = 12 + hlen;
+  const past = (n: number): void => { if (pos + n > b.length) throw new CorruptError(`${key}: checkpoint object table runs past the end`); };
   for (let i = 0; i < h.objects; i++) {
-    if (pos + 2 > b.length) throw new CorruptError(`${key}: checkpoint object table runs past the end`);
+    past(2);
     const klen = b.readUInt16LE(pos);
-    if (pos + 2 + klen + 8 > b.length) throw new CorruptError(`${key}: checkpoint object table runs past the end`);
-    objects.push([b.toString('utf8', pos + 2, pos + 2 + klen), b.readDoubleLE(pos + 2 + klen)]);
+    past(2 + klen + 8);
+    const okey = b.toString('utf8', pos + 2, pos + 2 + klen);
+    const size = b.readDoubleLE(pos + 2 + klen);
     pos += 2 + klen + 8;
+    if (version < 5) { objects.push([okey, size]); continue; }
+    past(1);
+    const kind = b[pos++]!;
+    if (kind === 0) { objects.push([okey, size, null]); continue; }
+    if (kind !== 1) throw new CorruptError(`${key}: object ${okey} of unknown kind ${kind}`);
+    past(24);
+    const frameBytes = b.readUInt32LE(pos);
+    const logical = b.readDoubleLE(pos + 4);
+    const base = b.readDoubleLE(pos + 12);
+    const n = b.readUInt32LE(pos + 20);
+    pos += 24;
+    past(4 * n);
+    const lengths = new Uint32Array(n);
+    for (let k = 0; k < n; k++) lengths[k] = b.readUInt32LE(pos + 4 * k);
+    pos += 4 * n;
+    const idx = FrameIndex.fromLengths(frameBytes, logical, base, lengths, `${key}: object ${okey}`);
+    if (base + idx.stored > size) throw new CorruptError(`${key}: object ${okey}: frames past its end`);
+    objects.push([okey, size, idx]);
   }
   const extentsAt = pos;
   const wsAt = extentsAt + h.extents * CHECKPOINT_EXTENT_BYTES;
   const total = wsAt + wsEntries * WORKING_SET_ENTRY_BYTES;
   if (total !== b.length) throw new CorruptError(`${key}: checkpoint is ${b.length} bytes, its header says ${total}`);
   let workingSet: WorkingSetData | undefined;
-  if (version === 4) {
+  if (hasWs) {
     const chunks = new Array<number>(wsEntries);
     for (let i = 0; i < wsEntries; i++) chunks[i] = b.readUInt32LE(wsAt + i * WORKING_SET_ENTRY_BYTES);
     workingSet = { chunkBytes: h.workingSet!.chunkBytes, chunks };
@@ -355,39 +519,46 @@ function decodeCheckpointBinary(b: Buffer, key: string, version: 3 | 4): Checkpo
  * Encode a checkpoint from a source that can walk the map twice (the first walk finds the
  * objects and sizes the buffer, the second writes the extents), pausing after every chunk.
  * `walk` calls its callback for every extent in volume order with the object key (or null
- * for zeroes, `src` then SRC_HOLE or SRC_ZERO) and the object's size. With a working set the
- * checkpoint is v4, without one v3.
+ * for zeroes, `src` then SRC_HOLE or SRC_ZERO), the object's size and its frame index (null
+ * for a raw object). Writes v5 (with a working set if given); `version` 3 or 4 writes the older
+ * formats (tests of their readers), which cannot name framed objects.
  */
 export async function encodeCheckpoint(
   header: Omit<CheckpointHeader, 'v' | 'objects' | 'extents' | 'workingSet'>,
-  walk: (fn: (offset: number, length: number, key: string | null, src: number, srcOff: number, objectSize: number) => void, pause: () => Promise<void>) => Promise<void>,
+  walk: (fn: (offset: number, length: number, key: string | null, src: number, srcOff: number, objectSize: number, frames?: FrameIndex | null) => void, pause: () => Promise<void>) => Promise<void>,
   pause: () => Promise<void>,
   workingSet?: WorkingSetData,
+  version: 3 | 4 | 5 = 5,
 ): Promise<Buffer> {
   if (workingSet) {
     if (!validChunkBytes(workingSet.chunkBytes)) throw new RangeError(`working set chunk size ${workingSet.chunkBytes} is not a power of two from 4 KiB to 1 GiB`);
     for (const c of workingSet.chunks) if (!(Number.isInteger(c) && c >= 0 && c <= 0xffffffff)) throw new RangeError(`working set chunk ${c} does not fit in 32 bits`);
   }
+  if (version === 4 && !workingSet) throw new RangeError('a v4 checkpoint has a working set');
+  if (version === 3 && workingSet) throw new RangeError('a v3 checkpoint has no working set');
   const index = new Map<string, number>();
   const sizes: number[] = [];
+  const frames: (FrameIndex | null)[] = [];
   let extents = 0;
   let tableBytes = 0;
-  await walk((_o, _l, key, _s, _so, size) => {
+  await walk((_o, _l, key, _s, _so, size, fr) => {
     extents++;
     if (key !== null && !index.has(key)) {
       index.set(key, index.size);
       sizes.push(size);
-      tableBytes += 2 + Buffer.byteLength(key) + 8;
+      frames.push(fr ?? null);
+      if (fr && version !== 5) throw new RangeError(`a v${version} checkpoint cannot name framed object ${key}`);
+      tableBytes += 2 + Buffer.byteLength(key) + 8 + (version === 5 ? 1 + (fr ? 24 + 4 * fr.frames : 0) : 0);
     }
   }, pause);
-  const h: CheckpointHeader = workingSet
-    ? { v: 4, ...header, objects: index.size, extents, workingSet: { chunkBytes: workingSet.chunkBytes, entries: workingSet.chunks.length } }
-    : { v: 3, ...header, objects: index.size, extents };
+  const ws = workingSet ? { workingSet: { chunkBytes: workingSet.chunkBytes, entries: workingSet.chunks.length } } : {};
+  const h: CheckpointHeader = { v: version, ...header, objects: index.size, extents, ...ws };
   const hjson = Buffer.from(JSON.stringify(h));
   const extentsAt = 12 + hjson.length + tableBytes;
   const wsAt = extentsAt + extents * CHECKPOINT_EXTENT_BYTES;
-  const out = Buffer.allocUnsafe(wsAt + (workingSet ? workingSet.chunks.length * WORKING_SET_ENTRY_BYTES : 0));
-  (workingSet ? CHECKPOINT_MAGIC : CHECKPOINT_MAGIC_V3).copy(out, 0);
+  const end = wsAt + (workingSet ? workingSet.chunks.length * WORKING_SET_ENTRY_BYTES : 0);
+  const out = Buffer.allocUnsafe(end + (version === 5 ? 4 : 0));
+  (version === 5 ? CHECKPOINT_MAGIC : version === 4 ? CHECKPOINT_MAGIC_V4 : CHECKPOINT_MAGIC_V3).copy(out, 0);
   out.writeUInt32BE(hjson.length, 8);
   hjson.copy(out, 12);
   let pos = 12 + hjson.length;
@@ -398,8 +569,21 @@ export async function encodeCheckpoint(
     out.writeUInt16LE(klen, pos);
     out.writeDoubleLE(sizes[idx]!, pos + 2 + klen);
     pos += 2 + klen + 8;
+    if (version === 5) {
+      const fr = frames[idx];
+      out[pos++] = fr ? 1 : 0;
+      if (fr) {
+        out.writeUInt32LE(fr.frameBytes, pos);
+        out.writeDoubleLE(fr.logical, pos + 4);
+        out.writeDoubleLE(fr.base, pos + 12);
+        out.writeUInt32LE(fr.frames, pos + 20);
+        pos += 24;
+        for (let k = 0; k < fr.frames; k++, pos += 4) out.writeUInt32LE(fr.ends[k + 1]! - fr.ends[k]!, pos);
+      }
+    }
     if (++i % CHECKPOINT_CHUNK === 0) await pause();
   }
+  if (pos !== extentsAt) throw new Error('checkpoint: object table size miscounted');
   let n = 0;
   await walk((offset, length, key, src, srcOff) => {
     if (n >= extents) throw new Error('checkpoint: the second walk found more extents than the first');
@@ -412,6 +596,14 @@ export async function encodeCheckpoint(
   }, pause);
   if (n !== extents) throw new Error(`checkpoint: the walks disagree (${extents} then ${n} extents)`);
   if (workingSet) workingSet.chunks.forEach((c, k) => out.writeUInt32LE(c, wsAt + k * WORKING_SET_ENTRY_BYTES));
+  if (version === 5) {
+    let c = 0;
+    for (let at = 0; at < end; at += CRC_SLICE) {
+      if (at > 0) await pause();
+      c = crc32(out.subarray(at, Math.min(at + CRC_SLICE, end)), c);
+    }
+    out.writeUInt32LE(c, end);
+  }
   return out;
 }
 

@@ -35,7 +35,7 @@ import { NBD_STATE_HOLE, NBD_STATE_ZERO } from '../../nbd/constants.js';
 import { ExtentMap, REGION_SIZE, type FrozenExtentMap, type Piece } from '../../cow/extent-map.js';
 import { PackedExtentMap, type LocationCodec } from '../../cow/packed-map.js';
 import type { BlockCache } from '../cache.js';
-import { BatonError, CorruptError, FencedError, LeaseLostError, NotFoundError, PreconditionFailedError, ReadOnlyError, ShutdownError, errorMessage } from '../errors.js';
+import { BatonError, ChecksumError, CorruptError, KeyError, FencedError, LeaseLostError, NotFoundError, PreconditionFailedError, ReadOnlyError, ShutdownError, errorMessage } from '../errors.js';
 import { randomId, systemWorld, type TimerHandle, type World } from '../clock.js';
 import type { Logger } from '../log.js';
 import { Hydration, type HydrateOptions, type HydrationStatus, type ObjectPiece } from './hydrate.js';
@@ -44,10 +44,11 @@ import { DurationHistogram } from '../histogram.js';
 import { PUT_ID_META } from '../store/decorators.js';
 import { listAll, type LocalObjects, type ObjectStore } from '../store/object-store.js';
 import {
-  CHECKPOINT_CHUNK, CHUNK_MS, SRC_HOLE, SRC_INLINE, SRC_ZERO, decodeCheckpoint, decodeLogHeader, decodeVolumeRecord, encodeCheckpoint, encodeLogRecord, fenceAfter, followsChain, keys,
-  logHeaderLength, maxOperationMs, recordCounts, seqFromKey, timeBounds,
-  type CheckpointData, type LogHeader, type RecordExtent, type VolumeRecord, type WorkingSetData,
+  CHECKPOINT_CHUNK, CHUNK_MS, SRC_HOLE, SRC_INLINE, SRC_ZERO, checkCheckpoint, dataSettings, decodeCheckpoint, decodeLogHeader, decodeVolumeRecord, encodeCheckpoint, encodeLogRecord, fenceAfter,
+  followsChain, framedSegmentRef, inlineFrames, keys, logHeaderEnd, maxOperationMs, recordCounts, segmentFrames, seqFromKey, timeBounds,
+  type CheckpointData, type DataSettings, type LogHeader, type RecordExtent, type VolumeRecord, type WorkingSetData,
 } from './format.js';
+import { FRAME_BYTES, compressionAvailable, copyFromFrames, encodeObject, lengthsToString, type EncodeOptions, type FrameIndex, type FrameKeys } from './frames.js';
 
 /** The lease token is not above the highest one in the log: re-acquire with `minToken`. */
 export class StaleTokenError extends BatonError {
@@ -57,11 +58,13 @@ export class StaleTokenError extends BatonError {
 // ------------------------------------------------------------------ map values
 
 /**
- * Where committed bytes live: object `key` (of `size` bytes) at `off`, or zeroes. The size
- * travels with the map entry, so the volume keeps no table of objects: its memory follows
- * its live map, not its history.
+ * Where committed bytes live: object `key` (of `size` stored bytes) at `off`, or zeroes. The
+ * size travels with the map entry, so the volume keeps no table of objects: its memory follows
+ * its live map, not its history. A framed object (issue 16) carries its frame index `fr`, and
+ * `off` is then a logical offset into it (frames.ts); for a raw one (written before) `fr` is
+ * null and `off` a stored offset.
  */
-export type Loc = { key: string; off: number; size: number } | ZeroLoc;
+export type Loc = { key: string; off: number; size: number; fr: FrameIndex | null } | ZeroLoc;
 export interface ZeroLoc { zero: true; hole: boolean }
 const HOLE: ZeroLoc = { zero: true, hole: true };
 const ZERO: ZeroLoc = { zero: true, hole: false };
@@ -75,15 +78,15 @@ type ObjectLoc = Exclude<Loc, ZeroLoc>;
  * extents is not 20M objects for V8's GC to mark): zeroes are its constants (-1 hole,
  * -2 allocated zeroes), an object location is "offset `off` of source `key`", the key
  * interned once per map. Slicing and merging are the packed map's location arithmetic:
- * zeroes of one kind, or the next bytes of the same object, merge. An object has one size,
- * so the size travels with the interned key (the first value seen for it).
+ * zeroes of one kind, or the next bytes of the same object, merge. An object has one size
+ * and one frame index, so they travel with the interned key (the first value seen for it).
  */
 const LOC_CODEC: LocationCodec<Loc> = {
   constant: (v) => (isZero(v) ? (v.hole ? -1 : -2) : 0),
   ofConstant: (c) => (c === -1 ? HOLE : ZERO),
   source: (v) => (v as ObjectLoc).key,
   at: (v) => (v as ObjectLoc).off,
-  locate: (first, off) => ({ key: (first as ObjectLoc).key, off, size: (first as ObjectLoc).size }),
+  locate: (first, off) => ({ key: (first as ObjectLoc).key, off, size: (first as ObjectLoc).size, fr: (first as ObjectLoc).fr }),
 };
 const newCommittedMap = (): PackedExtentMap<Loc> => new PackedExtentMap<Loc>(LOC_CODEC);
 
@@ -135,9 +138,16 @@ interface CommitAttempt {
   /** The record's id (also its put-id metadata). */
   id: string;
   header: LogHeader;
+  /** The record's bytes; for a framed attempt built once its frames are encoded (upload), then never again. */
   body: Buffer;
   dataStart: number;
-  segments: { key: string; size: number; body?: Buffer; parts: Buffer[] }[];
+  /**
+   * Its segments: `logical` bytes in `parts` until upload encodes them (framed: `parts`
+   * become the frames, `size` their stored bytes; raw: `size` = `logical`).
+   */
+  segments: { key: string; size: number; logical: number; body?: Buffer; parts: Buffer[]; frames?: Uint32Array }[];
+  /** Framed attempts: the inline data's logical parts (encoded in upload into the record). */
+  inlineParts: Buffer[] | null;
   /** The sealed layer it commits (its `attempt` while this attempt lives; sealed[0] when it publishes). */
   layer: Sealed;
   state: 'packed' | 'uploaded' | 'ambiguous';
@@ -154,6 +164,8 @@ interface CommitAttempt {
   /** World time when it was packed: its commit latency runs from here to landing, retries included. */
   startedAt: number;
 }
+
+const EMPTY = Buffer.alloc(0);
 
 /** Commits in flight at once: one publishing its record while the next seals and uploads. */
 const PIPELINE_DEPTH = 2;
@@ -177,6 +189,10 @@ export interface VolumeOptions {
   maxOperationMs?: number;
   /** Time and randomness (src/clock.ts); the real ones by default, a simulated one in the simulator. */
   world?: World;
+  /** false: new frames are stored uncompressed whatever the record says (serve --compression off). */
+  compress?: boolean;
+  /** The keys of an encrypted volume (keys.ts), given by the catalog after checking the master key. */
+  frameKeys?: FrameKeys | null;
 }
 
 export interface VolumeStats {
@@ -318,6 +334,12 @@ export class Volume implements BlockBackend {
   private readonly uploadConcurrency: number;
   /** GC's time bounds (format.ts timeBounds): a view never reads through a map older than viewMaxAgeMs. */
   private readonly viewMaxAgeMs: number;
+  /** How this volume stores data (its record's settings: format.ts DataSettings). */
+  private readonly data: DataSettings;
+  /** How new frames are encoded (compression, this writer's data key, nonces). */
+  private readonly encodeOptions: EncodeOptions;
+  /** The keys that decrypt an encrypted volume's frames (null: not encrypted, or not given: then no data is read). */
+  private readonly frameKeys: FrameKeys | null;
   /** When the committed map was last brought up to date with the log (read-only views of live volumes). */
   private mapLoadedAt = 0;
   private refreshing: Promise<void> | null = null;
@@ -338,6 +360,19 @@ export class Volume implements BlockBackend {
     this.checkpointEvery = opts.checkpointEvery ?? 64;
     this.uploadConcurrency = opts.uploadConcurrency ?? 16;
     this.viewMaxAgeMs = timeBounds(opts.maxOperationMs ?? maxOperationMs()).viewMaxAgeMs;
+    this.data = dataSettings(record);
+    this.frameKeys = opts.frameKeys ?? null;
+    const encrypted = this.data.encryption !== undefined;
+    // Never a plaintext frame in an encrypted volume: a writer must have its data key (the
+    // catalog refuses the attach before this, with the reason: KeyError). Read-only views
+    // without keys (GC, accounting, diff) read maps, never data.
+    assert(!encrypted || this.readOnly || this.frameKeys?.writeKey, `volume ${record.name} is encrypted: a writer needs its data key`);
+    assert(encrypted || !this.frameKeys?.writeKey, `volume ${record.name} is not encrypted: no data key`);
+    this.encodeOptions = {
+      compress: this.data.compression === 'lz4' && opts.compress !== false && compressionAvailable,
+      key: this.frameKeys?.writeKey ?? null,
+      random: (n) => this.world.randomBytes(n),
+    };
   }
 
   get name(): string { return this.record.name; }
@@ -415,7 +450,9 @@ export class Volume implements BlockBackend {
   /** A checkpoint, or null if it is corrupt or gone (then an older one may be tried). */
   private async readCheckpoint(key: string): Promise<CheckpointData | null> {
     try {
-      return decodeCheckpoint(await this.store.get(key), key);
+      const body = await this.store.get(key);
+      await checkCheckpoint(body, key, () => this.world.yield());
+      return decodeCheckpoint(body, key, { crcChecked: true });
     } catch (err) {
       if (!(err instanceof CorruptError) && !(err instanceof NotFoundError)) throw err;
       this.log.warn({ key, err: errorMessage(err) }, 'skipping unreadable checkpoint');
@@ -598,11 +635,16 @@ export class Volume implements BlockBackend {
     throw new FencedError(`volume ${this.name}: could not commit a takeover record (the log keeps moving: is another host writing?)`);
   }
 
-  /** A v2 header at `seq`, chained to the record this volume applied before it. */
-  private newHeader(kind: LogHeader['kind'], seq: number, token: number, segments: LogHeader['segments'], extents: RecordExtent[], inlineLength: number, after: CommitAttempt | null = null): LogHeader {
+  /**
+   * A header at `seq`, chained to the record this volume applied before it: v3 (framed data)
+   * unless the volume stores raw data (then v2, the layout before issue 16).
+   */
+  private newHeader(kind: LogHeader['kind'], seq: number, token: number, segments: LogHeader['segments'], extents: RecordExtent[], inlineLength: number, after: CommitAttempt | null = null,
+    v: 2 | 3 = this.data.format === 'raw' ? 2 : 3): LogHeader {
     assert(seq === (after ? after.seq + 1 : this.nextSeq), `header for position ${seq} while the log is at ${this.nextSeq}${after ? ` and an attempt for ${after.seq} is in flight` : ''}`);
     return {
-      v: 2, kind, seq, volumeId: this.id, token, time: this.world.wallTime().toISOString(), segments, extents, inlineLength,
+      v, kind, seq, volumeId: this.id, token, time: this.world.wallTime().toISOString(), segments, extents, inlineLength,
+      ...(v === 3 ? { frameBytes: FRAME_BYTES } : {}),
       id: randomId(this.world, 12), prev: after ? after.id : this.lastRecordId ?? '',
     };
   }
@@ -641,7 +683,7 @@ export class Volume implements BlockBackend {
   private async readLogHeader(key: string, size: number): Promise<{ header: LogHeader; dataStart: number }> {
     const first = Math.min(size, 64 * 1024);
     let b = await this.store.get(key, { offset: 0, length: first });
-    const need = 12 + logHeaderLength(b, key);
+    const need = logHeaderEnd(b, key);
     if (need > b.length) {
       if (need > size) throw new CorruptError(`${key}: header length past the end of the object`);
       b = await this.store.get(key, { offset: 0, length: need });
@@ -741,12 +783,12 @@ export class Volume implements BlockBackend {
     this.workingSet.touch(offset, length);
     const streak = this.sequentialStreak(offset, length);
     if (streak >= PREFETCH_STREAK && !this.local) this.prefetchAhead(offset + length);
-    const fetches: { key: string; size: number; off: number; len: number; outOff: number }[] = [];
+    const fetches: { key: string; size: number; off: number; len: number; outOff: number; fr: FrameIndex | null }[] = [];
     this.resolve(offset, length, (p) => {
       const v = p.value;
       if (v === undefined || isZero(v)) out.fill(0, p.offset - offset, p.offset - offset + p.length);
       else if ('buf' in v) v.buf.copy(out, p.offset - offset, 0, p.length);
-      else fetches.push({ key: v.key, size: v.size, off: v.off, len: p.length, outOff: p.offset - offset });
+      else fetches.push({ key: v.key, size: v.size, off: v.off, len: p.length, outOff: p.offset - offset, fr: v.fr });
     });
     if (fetches.length > 0) {
       // While hydration runs, what this read needs goes to the front of its queue (the read
@@ -755,17 +797,15 @@ export class Volume implements BlockBackend {
       const h = this.hydration;
       if (h?.isRunning && !this.local) {
         for (const f of fetches) {
-          if (this.blockCache.missingBytes(f.key, f.size, f.off, f.len) > 0) h.guestMissed();
-          h.promote(f.key, f.off, f.len);
+          const st = storedRange(f);
+          if (this.blockCache.missingBytes(f.key, f.size, st.off, st.len) > 0) h.guestMissed();
+          h.promote(f.key, st.off, st.len);
         }
       }
       // A local store's objects are read where they lie; others through the block cache,
-      // sequential readers with a growing readahead window.
-      const local = this.local;
+      // sequential readers with a growing readahead window (readObject).
       const readahead = streak > 0 ? (128 * 1024) << streak : 0;
-      const fetch = local
-        ? (f: typeof fetches[number]) => local.read(f.key, f.off, f.len, out, f.outOff)
-        : (f: typeof fetches[number]) => this.blockCache.read(this.store, f.key, f.size, f.off, f.len, out, f.outOff, readahead);
+      const fetch = (f: typeof fetches[number]): Promise<void> => this.readObject(f.key, f.size, f.fr, f.off, f.len, out, f.outOff, readahead);
       // Settle every fetch before answering, also when one fails: each writes into `out`,
       // and the caller may hand `out` to another request (a pooled buffer) once this
       // settles. Nothing may write into it after that.
@@ -773,6 +813,47 @@ export class Volume implements BlockBackend {
       for (const r of results) if (r.status === 'rejected') throw r.reason;
     }
     return out;
+  }
+
+  /**
+   * Bytes [off, off+len) of object `key` (`size` stored bytes) into out[outOff..]: in place for
+   * a local store, else through the block cache (`readahead`: stored bytes to fetch beyond).
+   * A framed object (`fr`) is read as the stored range of the frames that hold those logical
+   * bytes, and every one of them is checked before a byte of it is copied (frames.ts). One
+   * whose check fails is never returned: the error is logged with the object and frame, its
+   * cached blocks are dropped, and the range is read once more straight from the store; a
+   * second failure is a ChecksumError (EIO to the client). A raw object (written before issue
+   * 16) has nothing to check and is read as before.
+   */
+  private async readObject(key: string, size: number, fr: FrameIndex | null, off: number, len: number, out: Buffer, outOff: number, readahead: number): Promise<void> {
+    const local = this.local;
+    if (fr === null) {
+      if (local) await local.read(key, off, len, out, outOff);
+      else await this.blockCache.read(this.store, key, size, off, len, out, outOff, readahead);
+      return;
+    }
+    if (this.data.encryption && !this.frameKeys) throw new KeyError(`volume ${this.name} is encrypted and was opened without its key: its data cannot be read`);
+    const sp = fr.span(off, len);
+    const n = sp.end - sp.start;
+    const stored = Buffer.allocUnsafe(n);
+    if (local) await local.read(key, sp.start, n, stored, 0);
+    else await this.blockCache.read(this.store, key, size, sp.start, n, stored, 0, readahead);
+    try {
+      copyFromFrames(key, fr, stored, off, len, out, outOff, this.frameKeys);
+      return;
+    } catch (err) {
+      if (!(err instanceof ChecksumError)) throw err;
+      this.log.error({ key, frame: err.frame, reason: err.reason, start: sp.start, end: sp.end }, 'stored data failed its check; reading it again from the store');
+    }
+    if (!local) this.blockCache.forget(key, sp.start, n);
+    const again = local ? stored : await this.store.get(key, { offset: sp.start, length: n });
+    if (local) await local.read(key, sp.start, n, again, 0);
+    try {
+      copyFromFrames(key, fr, again, off, len, out, outOff, this.frameKeys);
+    } catch (err) {
+      if (err instanceof ChecksumError) this.log.error({ key, frame: err.frame, reason: err.reason, start: sp.start, end: sp.end }, 'stored data failed its check again: the read fails (EIO), no bytes of it are returned');
+      throw err;
+    }
   }
 
   /**
@@ -805,11 +886,8 @@ export class Volume implements BlockBackend {
       const from = frontier;
       const len = Math.min(PREFETCH_STEP, this.size - from);
       frontier = from + len;
-      const pieces: { key: string; size: number; off: number; len: number }[] = [];
-      this.resolve(from, len, (p) => {
-        const v = p.value;
-        if (v !== undefined && !isZero(v) && !('buf' in v)) pieces.push({ key: v.key, size: v.size, off: v.off, len: p.length });
-      });
+      const pieces: ObjectPiece[] = [];
+      this.committedPieces(from, len, pieces);
       if (pieces.length === 0) continue;
       // Each piece extended to a step's worth of its object: steps are cut at volume offsets,
       // objects are not, and a piece per step made two GETs of most objects (and smaller ones
@@ -884,11 +962,18 @@ export class Volume implements BlockBackend {
     } catch { /* see above */ }
   }
 
-  /** The committed object pieces of a range that buffered writes do not cover (zeroes need nothing). */
+  /**
+   * The committed object pieces of a range that buffered writes do not cover (zeroes need
+   * nothing), as stored ranges (for a framed object: its frames that hold them), which is what
+   * the block cache holds: prefetch and hydration fetch these.
+   */
   private committedPieces(offset: number, length: number, out: ObjectPiece[]): void {
     this.resolve(offset, length, (p) => {
       const v = p.value;
-      if (v !== undefined && !isZero(v) && !('buf' in v)) out.push({ key: v.key, size: v.size, off: v.off, len: p.length });
+      if (v !== undefined && !isZero(v) && !('buf' in v)) {
+        const st = storedRange({ fr: v.fr, off: v.off, len: p.length });
+        out.push({ key: v.key, size: v.size, off: st.off, len: st.len });
+      }
     });
   }
 
@@ -1263,7 +1348,7 @@ export class Volume implements BlockBackend {
     let parts: Buffer[] = [];
     let partBytes = 0;
     const sealSegment = (): void => {
-      segments.push({ key: keys.segment(this.id, seq, nonce, segments.length), size: partBytes, parts });
+      segments.push({ key: keys.segment(this.id, seq, nonce, segments.length), size: partBytes, logical: partBytes, parts });
       parts = [];
       partBytes = 0;
     };
@@ -1295,9 +1380,16 @@ export class Volume implements BlockBackend {
         }
       }
     }
-    const header = this.newHeader('commit', seq, this.token, segments.map((s) => ({ key: s.key, size: s.size })), extents, partBytes, after);
-    const { body, dataStart } = encodeLogRecord(header, parts);
-    return { seq, id: header.id!, header, body, dataStart, segments, layer, state: 'packed', after, landed: deferred(), owner, dropped: false, startedAt: this.world.now() };
+    if (this.data.format === 'raw') {
+      // The layout before issue 16 (v2 record, raw data): built now, as it always was.
+      const header = this.newHeader('commit', seq, this.token, segments.map((s) => ({ key: s.key, size: s.size })), extents, partBytes, after, 2);
+      const { body, dataStart } = encodeLogRecord(header, parts);
+      return { seq, id: header.id!, header, body, dataStart, segments, inlineParts: null, layer, state: 'packed', after, landed: deferred(), owner, dropped: false, startedAt: this.world.now() };
+    }
+    // Framed: the frames are encoded in upload (a slice per turn of the event loop), and the
+    // record, whose header carries every object's frame index, is built once they all are.
+    const header = this.newHeader('commit', seq, this.token, [], extents, 0, after, 3);
+    return { seq, id: header.id!, header, body: EMPTY, dataStart: 0, segments, inlineParts: parts, layer, state: 'packed', after, landed: deferred(), owner, dropped: false, startedAt: this.world.now() };
   }
 
   /**
@@ -1320,6 +1412,15 @@ export class Volume implements BlockBackend {
         const mine = turn.then(() => this.world.yield());
         turn = mine;
         await mine;
+        if (a.inlineParts !== null) {
+          // Framed: the segment's logical parts become its frames (each frame checksummed,
+          // maybe compressed and encrypted), a slice of work per turn.
+          const enc = await encodeObject(s.key, s.parts, s.logical, this.encodeOptions, () => this.world.yield());
+          s.parts = enc.pieces;
+          s.size = enc.stored;
+          s.frames = enc.lengths;
+          if (a.dropped) return;
+        }
         if (local) {
           // Written from its pieces; nothing goes to the block cache (see `local`).
           await local.putParts(s.key, s.parts);
@@ -1331,7 +1432,30 @@ export class Volume implements BlockBackend {
         this.releaseUploadSlot();
       }
     }));
+    if (a.inlineParts !== null && !a.dropped) await this.buildFramedRecord(a);
     a.state = 'uploaded';
+  }
+
+  /**
+   * A framed attempt's record, once its segments are encoded: the inline data's frames, and
+   * the v3 header with every object's frame index. Built once: an ambiguous attempt is put
+   * again with these very bytes.
+   */
+  private async buildFramedRecord(a: CommitAttempt): Promise<void> {
+    assert(a.body === EMPTY && a.inlineParts !== null && a.header.v === 3, 'a framed record is built once');
+    const h = a.header;
+    const logical = a.inlineParts.reduce((n, b) => n + b.length, 0);
+    const enc = await encodeObject(keys.log(this.id, a.seq), a.inlineParts, logical, this.encodeOptions, () => this.world.yield());
+    h.segments = a.segments.map((s) => {
+      assert(s.frames !== undefined, 'every segment is encoded before its record');
+      return framedSegmentRef(s.key, s.logical, s.frames, s.size);
+    });
+    h.inlineLength = enc.stored;
+    if (logical > 0) h.inline = { logical, frames: lengthsToString(enc.lengths) };
+    const { body, dataStart } = encodeLogRecord(h, enc.pieces);
+    a.body = body;
+    a.dataStart = dataStart;
+    a.inlineParts = [];
   }
 
   private uploadSlot(): Promise<void> {
@@ -1513,14 +1637,14 @@ export class Volume implements BlockBackend {
   async compact(opts: { below: number; maxBytes?: number }): Promise<CompactionResult> {
     this.checkWritable();
     const { victims, objectBytes: victimBytes } = await this.compactionCandidates(opts.below);
-    const pieces: { offset: number; length: number; key: string; size: number; off: number }[] = [];
+    const pieces: { offset: number; length: number; key: string; size: number; off: number; fr: FrameIndex | null }[] = [];
     let planned = 0;
     const maxBytes = opts.maxBytes ?? Infinity;
     await this.forEachCommitted((e) => {
       if (e.key === null || !victims.has(e.key)) return;
       if (planned >= maxBytes) return false;
       for (let d = 0; d < e.length; d += 1024 * 1024) {
-        pieces.push({ offset: e.offset + d, length: Math.min(1024 * 1024, e.length - d), key: e.key, size: e.size, off: e.off + d });
+        pieces.push({ offset: e.offset + d, length: Math.min(1024 * 1024, e.length - d), key: e.key, size: e.size, off: e.off + d, fr: e.fr });
       }
       planned += e.length;
     });
@@ -1529,7 +1653,7 @@ export class Volume implements BlockBackend {
       await this.admit();
       this.checkWritable();
       const buf = Buffer.allocUnsafe(p.length);
-      await this.blockCache.read(this.store, p.key, p.size, p.off, p.length, buf, 0, 0);
+      await this.readObject(p.key, p.size, p.fr, p.off, p.length, buf, 0, 0);
       this.checkWritable();
       this.resolve(p.offset, p.length, (q) => {
         const v = q.value;
@@ -1548,17 +1672,19 @@ export class Volume implements BlockBackend {
   /** This volume's own objects whose live fraction is below `below` (what compact() would rewrite). */
   async compactionCandidates(below: number): Promise<{ victims: Set<string>; objectBytes: number; liveBytes: number }> {
     const prefix = keys.volumePrefix(this.id);
-    const live = new Map<string, { live: number; size: number }>();
+    // Live bytes against the object's logical size (a framed object's size in the store is
+    // its compressed size, which live logical bytes would outgrow); objectBytes are stored bytes.
+    const live = new Map<string, { live: number; size: number; stored: number }>();
     await this.forEachCommitted((e) => {
       if (e.key === null || !e.key.startsWith(prefix)) return;
       const l = live.get(e.key);
-      if (l) l.live += e.length; else live.set(e.key, { live: e.length, size: e.size });
+      if (l) l.live += e.length; else live.set(e.key, { live: e.length, size: e.fr ? e.fr.logical : e.size, stored: e.size });
     });
     const victims = new Set<string>();
     let objectBytes = 0;
     let liveBytes = 0;
-    for (const [key, { live: n, size }] of live) {
-      if (size > 0 && n < below * size) { victims.add(key); objectBytes += size; liveBytes += n; }
+    for (const [key, { live: n, size, stored }] of live) {
+      if (size > 0 && n < below * size) { victims.add(key); objectBytes += stored; liveBytes += n; }
     }
     return { victims, objectBytes, liveBytes };
   }
@@ -1569,13 +1695,13 @@ export class Volume implements BlockBackend {
    * maps of any size this way): the walk reads a frozen view, so commits may go on meanwhile
    * and it still sees one consistent map. `fn` returning false ends the walk.
    */
-  async forEachCommitted(fn: (e: { offset: number; length: number; key: string | null; off: number; size: number }) => void | false): Promise<void> {
+  async forEachCommitted(fn: (e: { offset: number; length: number; key: string | null; off: number; size: number; fr: FrameIndex | null }) => void | false): Promise<void> {
     const view = this.committed.freeze();
     const { pause, due } = slices(this.world);
     try {
       await walkFrozen(view, (offset, length, v) => (isZero(v)
-        ? fn({ offset, length, key: null, off: 0, size: 0 })
-        : fn({ offset, length, key: v.key, off: v.off, size: v.size })), pause, due);
+        ? fn({ offset, length, key: null, off: 0, size: 0, fr: null })
+        : fn({ offset, length, key: v.key, off: v.off, size: v.size, fr: v.fr })), pause, due);
     } finally {
       view.close();
     }
@@ -1637,22 +1763,39 @@ export class ChainBrokenError extends CorruptError {
   constructor(readonly seq: number, message: string) { super(message); }
 }
 
-/** Apply one log record's extents to a map. */
+/**
+ * Apply one log record's extents to a map. A v3 record's objects are framed: extents name
+ * logical offsets into them, and their frame indexes (checked against the sizes the header
+ * gives) travel with the locations. Older records' objects are raw: stored offsets.
+ */
 function applyRecord(map: PackedExtentMap<Loc>, volumeSize: number, key: string, h: LogHeader, dataStart: number, recordSize: number): void {
+  const segFrames = h.segments.map((_s, i) => segmentFrames(h, i, key));
+  const inline = inlineFrames(h, dataStart, recordSize, key);
   for (const [off, len, src, srcOff] of h.extents) {
     // Whole bytes too: the committed map refuses fractions (RangeError), which is corruption here.
     if (!Number.isSafeInteger(off) || !Number.isSafeInteger(len) || off < 0 || len <= 0 || off + len > volumeSize) throw new CorruptError(`${key}: extent out of range`);
     let loc: Loc;
     if (src === SRC_HOLE) loc = HOLE;
     else if (src === SRC_ZERO) loc = ZERO;
-    else if (src === SRC_INLINE) loc = { key, off: dataStart + srcOff, size: recordSize };
-    else {
+    else if (src === SRC_INLINE) {
+      if (h.v === 3 && (!inline || !(srcOff >= 0 && srcOff + len <= inline.logical))) throw new CorruptError(`${key}: extent outside the inline data`);
+      loc = h.v === 3 ? { key, off: srcOff, size: recordSize, fr: inline } : { key, off: dataStart + srcOff, size: recordSize, fr: null };
+    } else {
       const seg = h.segments[src];
       if (!seg) throw new CorruptError(`${key}: extent refers to missing segment ${src}`);
-      loc = { key: seg.key, off: srcOff, size: seg.size };
+      const fr = segFrames[src]!;
+      if (fr && !(srcOff >= 0 && srcOff + len <= fr.logical)) throw new CorruptError(`${key}: extent outside segment ${seg.key}`);
+      loc = { key: seg.key, off: srcOff, size: seg.size, fr };
     }
     map.set(off, len, loc);
   }
+}
+
+/** The stored range of an object holding logical bytes [off, off+len) (a framed object's covering frames; a raw one's same range). */
+function storedRange(p: { fr: FrameIndex | null; off: number; len: number }): { off: number; len: number } {
+  if (!p.fr) return { off: p.off, len: p.len };
+  const sp = p.fr.span(p.off, p.len);
+  return { off: sp.start, len: sp.end - sp.start };
 }
 
 /** The working set a checkpoint carries (v4), or an empty one (older versions). */
@@ -1676,7 +1819,9 @@ async function mapOfCheckpoint(c: CheckpointData, volumeSize: number, world: Wor
       else if (src === SRC_ZERO) m.append(off, len, ZERO);
       else {
         const o = c.objects[src]!;
-        m.append(off, len, { key: o[0], off: srcOff, size: o[1] });
+        const fr = o[2] ?? null;
+        if (fr && !(srcOff >= 0 && srcOff + len <= fr.logical)) throw new CorruptError(`checkpoint ${c.seq} of volume ${c.volumeId}: extent outside object ${o[0]}`);
+        m.append(off, len, { key: o[0], off: srcOff, size: o[1], fr });
       }
     }, pause, CHECKPOINT_CHUNK, due);
   } catch (err) {
@@ -1710,10 +1855,10 @@ function walkFrozen(view: FrozenExtentMap<Loc>, fn: (offset: number, length: num
 }
 
 /** A frozen committed map as the checkpoint encoder walks it (format.ts encodeCheckpoint). */
-function walkCheckpoint(view: FrozenExtentMap<Loc>, fn: (offset: number, length: number, key: string | null, src: number, srcOff: number, objectSize: number) => void, pause: () => Promise<void>, due?: () => boolean): Promise<void> {
+function walkCheckpoint(view: FrozenExtentMap<Loc>, fn: (offset: number, length: number, key: string | null, src: number, srcOff: number, objectSize: number, frames: FrameIndex | null) => void, pause: () => Promise<void>, due?: () => boolean): Promise<void> {
   return walkFrozen(view, (offset, length, v) => {
-    if (isZero(v)) fn(offset, length, null, v.hole ? SRC_HOLE : SRC_ZERO, 0, 0);
-    else fn(offset, length, v.key, 0, v.off, v.size);
+    if (isZero(v)) fn(offset, length, null, v.hole ? SRC_HOLE : SRC_ZERO, 0, 0, null);
+    else fn(offset, length, v.key, 0, v.off, v.size, v.fr);
   }, pause, due);
 }
 

@@ -71,7 +71,7 @@ async function openWriter(run: SimRun, node: Node, l: Live, rng: Rng): Promise<{
     const rec = await run.op(node, `record ${l.name}`, () => node.catalog('host').record(l.name));
     if (rec.id !== l.vm.id) throw new Error(`${l.name} is ${rec.id} in the store, ${l.vm.id} in the model`);
     const cache = await node.cache();
-    vol = await run.op(node, `open ${l.name}`, () => Volume.open(rec, node.volumeOptions(false, cache)));
+    vol = await run.op(node, `open ${l.name}`, () => Volume.open(rec, node.volumeOptions(false, cache, 'host', rec)));
     const v = vol;
     const issued = run.model.stamp();
     for (let attempt = 0; ; attempt++) {
@@ -338,7 +338,7 @@ async function openView(run: SimRun, node: Node, rng: Rng, cache: Awaited<Return
   const opened = run.model.stamp();
   try {
     const rec = await run.op(node, `view record ${l.name}`, () => node.catalog('host').record(l.name));
-    const vol = await run.op(node, `view open ${l.name}`, () => Volume.open(rec, node.volumeOptions(true, cache)));
+    const vol = await run.op(node, `view open ${l.name}`, () => Volume.open(rec, node.volumeOptions(true, cache, 'host', rec)));
     run.count('viewsOpened');
     return { l, vol, opened, snapshot: l.vm.kind === 'snapshot' };
   } catch (err) {
@@ -443,7 +443,7 @@ async function create(run: SimRun, node: Node, rng: Rng): Promise<void> {
   const catalog = node.catalog('admin');
   let failed: unknown = null;
   try {
-    await run.op(node, `create ${name}`, () => catalog.create(name, run.config.blocks * BLOCK));
+    await run.op(node, `create ${name}`, () => catalog.create(name, run.config.blocks * BLOCK, { encrypt: run.encrypts(name) }));
   } catch (err) {
     failed = err;
     run.expect(err, `${node.proc.label} create ${name}`);

@@ -19,7 +19,8 @@ import type { Logger } from '../../src/log.js';
 import { RetryingObjectStore } from '../../src/store/decorators.js';
 import type { ObjectStore } from '../../src/store/object-store.js';
 import { StoreCatalog } from '../../src/volume/catalog.js';
-import { keys } from '../../src/volume/format.js';
+import { keys, type VolumeRecord } from '../../src/volume/format.js';
+import { frameKeysFor, masterKey } from '../../src/volume/keys.js';
 import { collectGarbage } from '../../src/volume/gc.js';
 import { Volume, type VolumeOptions } from '../../src/volume/volume.js';
 import { SimLeaseManager, SimLeaseService, type LeaseFaults } from './lease.js';
@@ -103,7 +104,12 @@ export interface Config {
   adminFlaky: number;
   /** The admin's requests: chance that one's key is unreachable from there for a while (StoreFaults.stuck). */
   adminStuck: number;
+  /** Which new volumes are encrypted (issue 16): none, all, or those whose name's hash is odd (encryptsName). */
+  encrypt: 'none' | 'all' | 'some';
 }
+
+/** Every process of a run has the same master key (an operator's key file). */
+export const SIM_MASTER_KEY = masterKey(Buffer.alloc(32, 0x5a));
 
 function drawConfig(rng: Rng, on: (c: ClassName) => boolean): Config {
   const latHi = rng.pick([5, 20, 60]);
@@ -142,6 +148,7 @@ function drawConfig(rng: Rng, on: (c: ClassName) => boolean): Config {
     stallUntilFreed: rng.chance(0.5),
     adminFlaky: on('errors') ? rng.pick([1, 1, 4, 10]) : 1,
     adminStuck: on('errors') ? rng.pick([0, 0, 0.02, 0.05]) : 0,
+    encrypt: 'none', // drawn from its own stream (SimRun's constructor)
   };
 }
 
@@ -214,8 +221,9 @@ export class Node {
   /** The process's cache, shared by its volumes (as `baton serve` shares one). */
   cache(): Promise<BlockCache> { return (this.cachePromise ??= this.newCache()); }
 
-  volumeOptions(readOnly: boolean, cache: BlockCache, role: Role = 'host'): VolumeOptions {
-    return { store: this.store(role), cache, log: this.log, readOnly, world: this.proc, maxOperationMs: M, ...this.engine };
+  /** `rec`: the record of the volume being opened (an encrypted one gets its keys, as catalog.open gives them). */
+  volumeOptions(readOnly: boolean, cache: BlockCache, role: Role = 'host', rec?: VolumeRecord): VolumeOptions {
+    return { store: this.store(role), cache, log: this.log, readOnly, world: this.proc, maxOperationMs: M, ...this.engine, ...(rec ? { frameKeys: frameKeysFor(rec, SIM_MASTER_KEY) } : {}) };
   }
 
   catalog(role: Role): StoreCatalog {
@@ -223,7 +231,7 @@ export class Node {
     if (!c) {
       c = new StoreCatalog({
         store: this.store(role), log: this.log, cache: () => this.cache(),
-        volume: { world: this.proc, maxOperationMs: M, ...this.engine },
+        volume: { world: this.proc, maxOperationMs: M, ...this.engine }, masterKey: () => SIM_MASTER_KEY,
       });
       this.catalogs.set(role, c);
     }
@@ -287,6 +295,8 @@ export class SimRun {
     this.rng = this.sim.rng.derive('workload');
     this.reuseRng = new Rng((this.opts.seed ^ 0x6e616d65) >>> 0);
     this.config = drawConfig(this.sim.rng.derive('config'), (c) => this.on(c));
+    // Its own stream: the draws of configurations made before encryption existed are unchanged.
+    this.config.encrypt = this.sim.rng.derive('encrypt').pick(['none', 'all', 'some'] as const);
     // Drawn also when given: every later draw of the run is then the same either way, so the
     // replay command (which names the workload) replays the run exactly.
     const drawn: WorkloadName = this.sim.rng.derive('which').chance(0.5) ? 'engine' : 'served';
@@ -417,6 +427,14 @@ export class SimRun {
   }
 
   newName(prefix: string): string { return `${prefix}${++this.nameCounter}`; }
+
+  /** Is a new volume of this name created encrypted (Config.encrypt)? */
+  encrypts(name: string): boolean {
+    if (this.config.encrypt !== 'some') return this.config.encrypt === 'all';
+    let h = 0;
+    for (let i = 0; i < name.length; i++) h = (h * 31 + name.charCodeAt(i)) | 0;
+    return (h & 1) === 1;
+  }
 
   /** A live volume or snapshot, chosen by `rng`, that `ok` accepts. */
   pick(rng: Rng, ok: (l: Live) => boolean): Live | null {
@@ -686,7 +704,7 @@ export class SimRun {
     try {
       const rec = await this.op(node, `observer record ${l.name}`, () => node.catalog('host').record(l.name));
       if (rec.id !== l.vm.id) return;
-      const opened = await this.op(node, `observer open ${l.name}`, async () => Volume.open(rec, node.volumeOptions(true, await node.cache())));
+      const opened = await this.op(node, `observer open ${l.name}`, async () => Volume.open(rec, node.volumeOptions(true, await node.cache(), 'host', rec)));
       vol = opened;
       const chunk = 16 * BLOCK;
       for (let off = 0; off < opened.size && !this.violation; off += chunk) {
@@ -713,7 +731,7 @@ export class SimRun {
     const n = this.rng.int(1, Math.min(3, this.config.maxVolumes));
     for (let i = 0; i < n; i++) {
       const name = this.newName('v');
-      await node.catalog('admin').create(name, this.config.blocks * BLOCK);
+      await node.catalog('admin').create(name, this.config.blocks * BLOCK, { encrypt: this.encrypts(name) });
       const rec = await node.catalog('admin').record(name);
       this.live.set(name, { name, vm: this.model.volume(rec.id, name, 'volume', this.config.blocks, null), users: 0, removing: false, unknown: false });
     }
@@ -781,7 +799,7 @@ export class SimRun {
       if (!(await catalog.store.head(keys.meta(rec.id)))) { this.fail(new Violation('record-without-meta', `${l.name} (${rec.id}) exists but ${keys.meta(rec.id)} does not: forks of it cannot follow their ancestry`)); return; }
       const lo = this.model.stamp();
       try {
-        const vol = await Volume.open(rec, node.volumeOptions(true, cache));
+        const vol = await Volume.open(rec, node.volumeOptions(true, cache, 'host', rec));
         const chunk = 16 * BLOCK;
         const bufs: Buffer[] = [];
         for (let off = 0; off < vol.size; off += chunk) {
@@ -794,7 +812,8 @@ export class SimRun {
         // A backup at the end, as users take them: a snapshot of the quiet volume reads the same.
         if (l.vm.kind === 'volume' && this.on('forks')) {
           await catalog.snapshot(l.name, 'verify');
-          const snap = await Volume.open(await catalog.record(`${l.name}@verify`), node.volumeOptions(true, cache));
+          const snapRec = await catalog.record(`${l.name}@verify`);
+          const snap = await Volume.open(snapRec, node.volumeOptions(true, cache, 'host', snapRec));
           for (let i = 0; i < bufs.length; i++) {
             if (!(await snap.read(i * chunk, bufs[i]!.length)).equals(bufs[i]!)) throw new Error(`its snapshot ${l.name}@verify reads otherwise at [${i * chunk}, ${i * chunk + bufs[i]!.length})`);
           }

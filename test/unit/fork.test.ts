@@ -132,6 +132,10 @@ test('diffMaps and accountMaps on hand-made maps', (t) => {
   t.deepEqual(diffMaps(a, b), [{ offset: 40, length: 20 }], 'a zero extent equals a gap');
   t.deepEqual(diffMaps(b, []), [{ offset: 0, length: 100 }]);
   const acc = accountMaps(new Map([['a', a], ['b', b]]));
-  t.deepEqual(acc.get('a'), { writtenBytes: 100, exclusiveBytes: 20, sharedBytes: 80 });
-  t.deepEqual(acc.get('b'), { writtenBytes: 100, exclusiveBytes: 20, sharedBytes: 80 });
+  // Raw objects (no ratio): stored bytes are the logical bytes.
+  t.deepEqual(acc.get('a'), { writtenBytes: 100, exclusiveBytes: 20, sharedBytes: 80, writtenStoredBytes: 100, exclusiveStoredBytes: 20, sharedStoredBytes: 80 });
+  t.deepEqual(acc.get('b'), { writtenBytes: 100, exclusiveBytes: 20, sharedBytes: 80, writtenStoredBytes: 100, exclusiveStoredBytes: 20, sharedStoredBytes: 80 });
+  // Framed objects that compressed to a quarter: stored bytes are a quarter of theirs.
+  const q = accountMaps(new Map([['a', a.map((e) => ({ ...e, ratio: 0.25 }))], ['b', b.map((e) => ({ ...e, ratio: 0.25 }))]]));
+  t.deepEqual(q.get('a'), { writtenBytes: 100, exclusiveBytes: 20, sharedBytes: 80, writtenStoredBytes: 25, exclusiveStoredBytes: 5, sharedStoredBytes: 20 });
 });

@@ -20,7 +20,8 @@ function setup() {
   let now = Date.parse('2026-01-01T00:00:00Z');
   const store = new MemoryObjectStore('memory:', () => new Date(now));
   const cache = BlockCache.open({ capacityBytes: 64 * MiB });
-  const catalog = new StoreCatalog({ store, log: silentLogger(), cache: () => cache, volume: { maxOperationMs: M, segmentBytes: MiB, checkpointEvery: 4 } });
+  // compress: false: stored bytes are the written bytes (and frame headers), so the byte counts below are the data's.
+  const catalog = new StoreCatalog({ store, log: silentLogger(), cache: () => cache, volume: { maxOperationMs: M, segmentBytes: MiB, checkpointEvery: 4, compress: false } });
   let token = 0;
   const open = async (name: string, readOnly = false): Promise<Volume> => {
     const v = (await catalog.open(name, { readOnly })).backend as Volume;

@@ -19,7 +19,7 @@ import { InstrumentedObjectStore, seededRandom } from '../../src/store/decorator
 import { MemoryObjectStore } from '../../src/store/memory.js';
 import { listAll, type ByteRange, type ListOptions, type ObjectInfo, type ObjectStore, type PutOptions } from '../../src/store/object-store.js';
 import { StoreCatalog } from '../../src/volume/catalog.js';
-import { CHECKPOINT_MAGIC, decodeCheckpoint, encodeCheckpoint, keys, SRC_HOLE } from '../../src/volume/format.js';
+import { CHECKPOINT_MAGIC, CHECKPOINT_MAGIC_V4, decodeCheckpoint, encodeCheckpoint, keys, SRC_HOLE } from '../../src/volume/format.js';
 import type { HydrateOptions } from '../../src/volume/hydrate.js';
 import type { Volume, VolumeOptions } from '../../src/volume/volume.js';
 import { WORKING_SET_CHUNK, WorkingSet } from '../../src/volume/working-set.js';
@@ -149,15 +149,15 @@ test('checkpoint v4 carries the working set; v3 (binary, without it) still reads
   };
   const header = { volumeId: 'x', seq: 7, token: 3, lastId: 'abc', time: new Date(0).toISOString() };
   const ws = { chunkBytes: CHUNK, chunks: [9, 0, 4, 2 ** 32 - 1] };
-  const b4 = await encodeCheckpoint(header, walk, async () => {}, ws);
-  t.true(b4.subarray(0, 8).equals(CHECKPOINT_MAGIC));
+  const b4 = await encodeCheckpoint(header, walk, async () => {}, ws, 4);
+  t.true(b4.subarray(0, 8).equals(CHECKPOINT_MAGIC_V4));
   const c4 = decodeCheckpoint(b4, 'k');
   t.is(c4.v, 4);
   t.deepEqual(c4.workingSet, ws);
   const ext: number[][] = [];
   await c4.forEachExtent(2 ** 40, (o, l, s, so) => { ext.push([o, l, s, so]); }, async () => {});
   t.deepEqual(ext, [[0, 4096, 0, 8192], [4096, 4096, SRC_HOLE, 0]]);
-  const b3 = await encodeCheckpoint(header, walk, async () => {});
+  const b3 = await encodeCheckpoint(header, walk, async () => {}, undefined, 3);
   const c3 = decodeCheckpoint(b3, 'k');
   t.is(c3.v, 3);
   t.is(c3.workingSet, undefined);
@@ -165,6 +165,12 @@ test('checkpoint v4 carries the working set; v3 (binary, without it) still reads
   t.throws(() => decodeCheckpoint(b4.subarray(0, b4.length - 4), 'k'), { instanceOf: CorruptError });
   t.throws(() => decodeCheckpoint(Buffer.concat([b4, Buffer.alloc(4)]), 'k'), { instanceOf: CorruptError });
   await t.throwsAsync(encodeCheckpoint(header, walk, async () => {}, { chunkBytes: 3000, chunks: [] }), { instanceOf: RangeError });
+  // v5 (issue 16) carries the working set too, and a crc of the whole body.
+  const b5 = await encodeCheckpoint(header, walk, async () => {}, ws);
+  t.true(b5.subarray(0, 8).equals(CHECKPOINT_MAGIC));
+  const c5 = decodeCheckpoint(b5, 'k');
+  t.is(c5.v, 5);
+  t.deepEqual(c5.workingSet, ws);
 });
 
 test('a writer\'s close leaves a checkpoint with its working set: writes and reads, most recent first; the next open has it', async (t) => {
@@ -181,7 +187,7 @@ test('a writer\'s close leaves a checkpoint with its working set: writes and rea
   const cps = await listAll(store, keys.checkpointPrefix(v.volumeId));
   t.is(cps.length, 1, 'close wrote a checkpoint');
   const c = decodeCheckpoint(await store.get(cps[0]!.key), cps[0]!.key);
-  t.is(c.v, 4);
+  t.is(c.v, 5);
   t.deepEqual(c.workingSet?.chunks, [0, (20 * MiB) / CHUNK, (10 * MiB) / CHUNK]);
   const w = await host(store).open();
   t.is(w.stats().workingSetChunks, 3);
@@ -209,7 +215,7 @@ async function rewriteAsV3(store: ObjectStore, key: string): Promise<void> {
   const ext: [number, number, string | null, number, number, number][] = [];
   await c.forEachExtent(2 ** 40, (o, l, s, so) => { ext.push([o, l, s >= 0 ? c.objects[s]![0] : null, s, so, s >= 0 ? c.objects[s]![1] : 0]); }, async () => {});
   const v3 = await encodeCheckpoint({ volumeId: c.volumeId, seq: c.seq, token: c.token, ...(c.lastId !== undefined ? { lastId: c.lastId } : {}), time: new Date().toISOString() },
-    async (fn) => { for (const e of ext) fn(e[0], e[1], e[2], e[3], e[4], e[5]); }, async () => {});
+    async (fn) => { for (const e of ext) fn(e[0], e[1], e[2], e[3], e[4], e[5]); }, async () => {}, undefined, 3);
   await store.delete(key);
   await store.put(key, v3);
 }
@@ -248,7 +254,7 @@ test('the working set never checkpoints a big map more often than its size allow
 test('an old v3 checkpoint (without a working set) still recovers the volume', async (t) => {
   const store = new MemoryObjectStore();
   const a = host(store, 64 * MiB, { segmentBytes: 256 * KiB });
-  await a.catalog.create('v', 64 * MiB);
+  await a.catalog.create('v', 64 * MiB, { format: 'raw' }); // a v3 checkpoint names raw objects only (as written before issue 16)
   const v = await a.open();
   const data = pattern(5, 512 * KiB); // two whole segments: the log record holds no data
   await v.write(3 * MiB, data, false);
@@ -345,7 +351,7 @@ test('hydration fetches the working set most recently used first, one object aft
 test('hydration coalesces by object: a big commit\'s data comes in a few large GETs, at most --hydrate-concurrency in flight', async (t) => {
   const mem = new MemoryObjectStore();
   const a = host(mem, 64 * MiB, { segmentBytes: 8 * MiB });
-  await a.catalog.create('v', 256 * MiB);
+  await a.catalog.create('v', 256 * MiB, { format: 'raw' }); // whole 8 MiB objects: GET sizes to the byte
   const v = await a.open();
   const big = pattern(7, 24 * MiB);
   await v.write(16 * MiB, big, true); // three 8 MiB segments
@@ -396,7 +402,7 @@ test('a guest read during hydration is served at once: it never waits behind hyd
 test('a guest read that misses moves hydration\'s queued GETs around it to the front (hydration follows the reader)', async (t) => {
   const mem = new MemoryObjectStore();
   const a = host(mem, 64 * MiB, { segmentBytes: 8 * MiB });
-  await a.catalog.create('v', 64 * MiB);
+  await a.catalog.create('v', 64 * MiB, { format: 'raw' }); // GET offsets to the byte (framed volumes: the test after this)
   const v = await a.open();
   await v.write(0, pattern(3, 16 * MiB), true); // two 8 MiB segments; the working set: highest offsets most recent
   await v.close();

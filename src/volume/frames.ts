@@ -1,0 +1,451 @@
+/**
+ * Framed data (issue 16, docs/rfc-frames.md): the logical bytes of every data object (a
+ * segment, the inline part of a log record) are cut at fixed logical offsets into frames of
+ * `frameBytes` (FRAME_BYTES, the last one shorter), each stored as a 32-byte header and a
+ * payload that decodes on its own, so a ranged GET still fetches only the frames a read needs.
+ *
+ *   0  u8  FRAME_MAGIC ('F')
+ *   1  u8  FRAME_VERSION (1)
+ *   2  u8  codec: CODEC_RAW (payload = logical bytes) or CODEC_LZ4 (LZ4 block, its u32 LE
+ *          logical size first: lz4_flex's compress_prepend_size)
+ *   3  u8  flags: FLAG_ENCRYPTED
+ *   4  u32 LE logical length
+ *   8  u32 LE payload length
+ *   12 u32 LE crc32 of the logical bytes, seeded with the binding; 0 when encrypted (the crc
+ *          is then the first 4 bytes of the plaintext: a plaintext crc in the clear would let
+ *          anyone test guesses of the content)
+ *   16 12 bytes: the AES-GCM nonce (encrypted frames), zero otherwise
+ *   28 u32 LE crc32, seeded with the binding, of bytes 0..28 and, when the payload is
+ *          compressed and not encrypted, of the payload
+ *
+ * The *binding* is the object's key and the frame's index in it: a frame copied to another
+ * object or position fails its check, so a wrong object is caught like a flipped bit. Every
+ * stored bit is under a check: a raw payload under the logical crc, a compressed payload under
+ * the frame crc (checked before decompressing: the decoder never sees damaged input, and a
+ * damaged size field cannot make it allocate), an encrypted payload (ciphertext + 16-byte tag)
+ * under AES-256-GCM whose additional data is the binding and the header.
+ *
+ * An object's frame index (stored length of every frame) is carried by the metadata that names
+ * the object (log record header, checkpoint object table: format.ts), so a read needs no
+ * request to find it; in memory it is a FrameIndex: cumulative stored offsets, one lookup per
+ * frame whatever the object's size.
+ */
+
+import { createCipheriv, createDecipheriv } from 'node:crypto';
+import { createRequire } from 'node:module';
+import { crc32 } from 'node:zlib';
+import { ChecksumError, CorruptError } from '../errors.js';
+
+export const FRAME_MAGIC = 0x46;
+export const FRAME_VERSION = 1;
+export const FRAME_HEADER = 32;
+/** Logical bytes per frame: a cold random 4 KiB read fetches and checks at most this much (+ header). */
+export const FRAME_BYTES = 32 * 1024;
+export const CODEC_RAW = 0;
+export const CODEC_LZ4 = 1;
+export const FLAG_ENCRYPTED = 1;
+const GCM_TAG = 16;
+const NONCE = 12;
+
+// ------------------------------------------------------------------ lz4
+
+interface Lz4 { compressSync(b: Buffer): Buffer; uncompressSync(b: Uint8Array): Buffer }
+
+/**
+ * lz4-napi: prebuilt binaries published on the npm registry as optional dependencies (no
+ * install script, no node-gyp). If it cannot be loaded on a platform, new frames are stored
+ * raw (compressionAvailable false) and lz4 frames are decoded by decodeLz4Block below.
+ */
+const native: Lz4 | null = (() => {
+  try { return createRequire(import.meta.url)('lz4-napi') as Lz4; } catch { return null; }
+})();
+
+export const compressionAvailable = native !== null;
+
+/**
+ * An LZ4 block decoder (the format: lz4 block_format.md) in plain TypeScript: the fallback
+ * when lz4-napi is not there, and the tests' independent decoder. Throws CorruptError on
+ * anything that is not a well-formed block of exactly `size` bytes.
+ */
+export function decodeLz4Block(src: Uint8Array, size: number): Buffer {
+  const out = Buffer.allocUnsafe(size);
+  let i = 0;
+  let o = 0;
+  const bad = (why: string): never => { throw new CorruptError(`lz4 block: ${why}`); };
+  while (i < src.length) {
+    const token = src[i++]!;
+    let lit = token >>> 4;
+    if (lit === 15) { let b: number; do { if (i >= src.length) bad('truncated literal length'); b = src[i++]!; lit += b; } while (b === 255); }
+    if (i + lit > src.length || o + lit > size) bad('literals past the end');
+    out.set(src.subarray(i, i + lit), o);
+    i += lit; o += lit;
+    if (i === src.length) break; // the last sequence has literals only
+    if (i + 2 > src.length) bad('truncated offset');
+    const dist = src[i]! | (src[i + 1]! << 8);
+    i += 2;
+    if (dist === 0 || dist > o) bad('match offset out of range');
+    let len = token & 15;
+    if (len === 15) { let b: number; do { if (i >= src.length) bad('truncated match length'); b = src[i++]!; len += b; } while (b === 255); }
+    len += 4;
+    if (o + len > size) bad('match past the end');
+    for (let k = 0; k < len; k++, o++) out[o] = out[o - dist]!; // may overlap: byte by byte
+  }
+  if (o !== size) bad(`decoded ${o} bytes, expected ${size}`);
+  return out;
+}
+
+function lz4Decode(payload: Buffer, size: number): Buffer {
+  if (payload.length < 4 || payload.readUInt32LE(0) !== size) throw new CorruptError(`lz4 payload names ${payload.length < 4 ? '?' : payload.readUInt32LE(0)} bytes, the frame ${size}`);
+  if (native) {
+    let out: Buffer;
+    try { out = native.uncompressSync(payload); } catch (err) { throw new CorruptError(`lz4: ${err instanceof Error ? err.message : String(err)}`); }
+    if (out.length !== size) throw new CorruptError(`lz4 decoded ${out.length} bytes, expected ${size}`);
+    return out;
+  }
+  return decodeLz4Block(payload.subarray(4), size);
+}
+
+/**
+ * Random-looking bytes (compressed, encrypted, media) do not shrink; lz4 takes 4x longer to
+ * find that out than to compress text. An entropy estimate of a 2 KiB sample (8 spots of 256
+ * bytes) costs a few microseconds: near 8 bits per byte, the frame is not even tried.
+ * (Base64 of random bytes is about 6 bits, text 4-5, zeroes 0.)
+ */
+export function looksRandom(b: Buffer): boolean {
+  if (b.length < 4096) return false;
+  const hist = new Uint16Array(256);
+  const step = Math.floor((b.length - 256) / 7);
+  for (let s = 0; s < 8; s++) {
+    const at = s * step;
+    for (let k = at; k < at + 256; k++) hist[b[k]!]!++;
+  }
+  let h = 0;
+  for (let v = 0; v < 256; v++) { const c = hist[v]!; if (c) { const p = c / 2048; h -= p * Math.log2(p); } }
+  return h > 7.5;
+}
+
+// ------------------------------------------------------------------ keys and binding
+
+/** Where frames get their keys (keys.ts builds one from a volume's keyring). */
+export interface FrameKeys {
+  /** Encrypts the frames this writer makes (null: it writes plaintext frames). */
+  readonly writeKey: Buffer | null;
+  /** The key that decrypts the frames of object `objectKey` (by the volume id in it); throws KeyError if there is none. */
+  readKey(objectKey: string): Buffer;
+}
+
+/** crc32 seed of an object key: every frame's checks start from it and the frame's index. */
+export function keySeed(objectKey: string): number {
+  return crc32(Buffer.from(objectKey, 'utf8'));
+}
+
+function frameSeed(seed: number, index: number): number {
+  const b = Buffer.allocUnsafe(4);
+  b.writeUInt32LE(index >>> 0, 0);
+  return crc32(b, seed);
+}
+
+function aad(objectKey: string, index: number, header: Buffer): Buffer {
+  const k = Buffer.from(objectKey, 'utf8');
+  const out = Buffer.allocUnsafe(k.length + 4 + 28);
+  k.copy(out, 0);
+  out.writeUInt32LE(index >>> 0, k.length);
+  header.copy(out, k.length + 4, 0, 28);
+  return out;
+}
+
+// ------------------------------------------------------------------ encoding
+
+export interface EncodeOptions {
+  /** Try lz4 (frames that do not shrink by 1/16 are stored raw anyway). */
+  compress: boolean;
+  /** AES-256-GCM key for this writer's frames (null: plaintext). */
+  key: Buffer | null;
+  /** Nonces (World.randomBytes, so a simulator's run replays). */
+  random: (n: number) => Buffer;
+}
+
+/**
+ * One frame: returns its stored pieces (header, payload), whose lengths add up to the
+ * frame's stored length. A raw plaintext frame's payload is `logical` itself (no copy): the
+ * caller must not change those bytes until they are stored.
+ */
+export function encodeFrame(objectKey: string, seed: number, index: number, logical: Buffer, o: EncodeOptions): Buffer[] {
+  const fseed = frameSeed(seed, index);
+  const crcL = crc32(logical, fseed);
+  let codec = CODEC_RAW;
+  let payload = logical;
+  if (o.compress && native && !looksRandom(logical)) {
+    const c = native.compressSync(logical);
+    if (c.length <= logical.length - (logical.length >>> 4)) { codec = CODEC_LZ4; payload = c; }
+  }
+  const h = Buffer.alloc(FRAME_HEADER);
+  h[0] = FRAME_MAGIC; h[1] = FRAME_VERSION; h[2] = codec;
+  h.writeUInt32LE(logical.length, 4);
+  if (o.key) {
+    h[3] = FLAG_ENCRYPTED;
+    h.writeUInt32LE(4 + payload.length + GCM_TAG, 8);
+    o.random(NONCE).copy(h, 16);
+    h.writeUInt32LE(crc32(h.subarray(0, 28), fseed), 28);
+    const c = createCipheriv('aes-256-gcm', o.key, h.subarray(16, 28));
+    c.setAAD(aad(objectKey, index, h));
+    const crcB = Buffer.allocUnsafe(4);
+    crcB.writeUInt32LE(crcL, 0);
+    const a = c.update(crcB);
+    const b = c.update(payload);
+    const f = c.final();
+    return [h, a, b, f, c.getAuthTag()].filter((x) => x.length > 0);
+  }
+  h.writeUInt32LE(payload.length, 8);
+  h.writeUInt32LE(crcL, 12);
+  let crcF = crc32(h.subarray(0, 28), fseed);
+  if (codec !== CODEC_RAW) crcF = crc32(payload, crcF);
+  h.writeUInt32LE(crcF, 28);
+  return [h, payload];
+}
+
+/** Bytes [from, from+n) of the concatenation of `parts` (a view when they lie in one part). */
+function gather(parts: readonly Buffer[], cursor: { part: number; at: number }, n: number): Buffer {
+  const first = parts[cursor.part]!;
+  if (first.length - cursor.at >= n) {
+    const out = first.subarray(cursor.at, cursor.at + n);
+    cursor.at += n;
+    if (cursor.at === first.length) { cursor.part++; cursor.at = 0; }
+    return out;
+  }
+  const out = Buffer.allocUnsafe(n);
+  let done = 0;
+  while (done < n) {
+    const p = parts[cursor.part]!;
+    const k = Math.min(n - done, p.length - cursor.at);
+    p.copy(out, done, cursor.at, cursor.at + k);
+    done += k;
+    cursor.at += k;
+    if (cursor.at === p.length) { cursor.part++; cursor.at = 0; }
+  }
+  return out;
+}
+
+export interface EncodedObject {
+  /** Stored pieces in order (frame headers and payloads). */
+  pieces: Buffer[];
+  /** Stored bytes (the sum of the pieces). */
+  stored: number;
+  /** Stored length of every frame (what the metadata carries). */
+  lengths: Uint32Array;
+}
+
+/** Bytes of logical data encoded between two calls of `pause` (about a millisecond of lz4 and crc work each). */
+export const ENCODE_SLICE = 1024 * 1024;
+
+/** Encodes one object's frames a slice at a time (encodeObject); `step` is synchronous. */
+class ObjectEncoder {
+  private readonly n: number;
+  private readonly lengths: Uint32Array;
+  private readonly pieces: Buffer[] = [];
+  private readonly seed: number;
+  private readonly cursor = { part: 0, at: 0 };
+  private i = 0;
+  private stored = 0;
+  constructor(private readonly objectKey: string, private readonly parts: readonly Buffer[], private readonly logical: number, private readonly o: EncodeOptions, private readonly frameBytes: number) {
+    this.n = Math.ceil(logical / frameBytes);
+    this.lengths = new Uint32Array(this.n);
+    this.seed = keySeed(objectKey);
+  }
+  /** Encode frames until `budget` logical bytes were done or the object is; true when it is. */
+  step(budget: number): boolean {
+    let done = 0;
+    while (this.i < this.n && done < budget) {
+      const len = Math.min(this.frameBytes, this.logical - this.i * this.frameBytes);
+      const f = encodeFrame(this.objectKey, this.seed, this.i, gather(this.parts, this.cursor, len), this.o);
+      let s = 0;
+      for (const p of f) { this.pieces.push(p); s += p.length; }
+      this.lengths[this.i++] = s;
+      this.stored += s;
+      done += len;
+    }
+    return this.i === this.n;
+  }
+  result(): EncodedObject { return { pieces: this.pieces, stored: this.stored, lengths: this.lengths }; }
+}
+
+/**
+ * Encode the logical bytes `parts` (`logical` of them) of object `objectKey` into frames,
+ * awaiting `pause` after every ENCODE_SLICE bytes (an 8 MiB segment's work in one turn of
+ * the event loop held it for ~30 ms). The same input and nonces give the same bytes.
+ */
+export async function encodeObject(objectKey: string, parts: readonly Buffer[], logical: number, o: EncodeOptions, pause: () => Promise<void>, frameBytes = FRAME_BYTES): Promise<EncodedObject> {
+  const e = new ObjectEncoder(objectKey, parts, logical, o, frameBytes);
+  while (!e.step(ENCODE_SLICE)) await pause();
+  return e.result();
+}
+
+/** encodeObject in one go (small objects; tests). */
+export function encodeObjectSync(objectKey: string, parts: readonly Buffer[], logical: number, o: EncodeOptions, frameBytes = FRAME_BYTES): EncodedObject {
+  const e = new ObjectEncoder(objectKey, parts, logical, o, frameBytes);
+  e.step(Infinity);
+  return e.result();
+}
+
+// ------------------------------------------------------------------ the index
+
+/**
+ * Where the frames of one object lie: logical bytes [i*frameBytes, ...) of frame i are stored
+ * at [base + ends[i], base + ends[i+1]) of the object. Immutable; shared by every extent of
+ * the object in a map.
+ */
+export class FrameIndex {
+  readonly frames: number;
+  constructor(
+    readonly frameBytes: number,
+    /** Logical bytes in the object. */
+    readonly logical: number,
+    /** Stored offset of frame 0 in the object (0 for a segment; a log record's data start). */
+    readonly base: number,
+    /** frames + 1 cumulative stored offsets from `base`; ends[0] = 0. */
+    readonly ends: Uint32Array | Float64Array,
+  ) {
+    this.frames = ends.length - 1;
+  }
+
+  /** Stored bytes of all frames. */
+  get stored(): number { return this.ends[this.frames]!; }
+
+  /** An index from the stored length of every frame, checked against the logical size (CorruptError). */
+  static fromLengths(frameBytes: number, logical: number, base: number, lengths: Uint32Array, what: string): FrameIndex {
+    if (!(Number.isSafeInteger(frameBytes) && frameBytes >= 4096 && frameBytes <= 1 << 24)) throw new CorruptError(`${what}: frame size ${frameBytes}`);
+    if (!(Number.isSafeInteger(logical) && logical >= 0) || lengths.length !== Math.ceil(logical / frameBytes)) {
+      throw new CorruptError(`${what}: ${lengths.length} frames for ${logical} logical bytes of ${frameBytes}-byte frames`);
+    }
+    let total = 0;
+    for (let i = 0; i < lengths.length; i++) total += lengths[i]!;
+    const ends = total < 2 ** 32 ? new Uint32Array(lengths.length + 1) : new Float64Array(lengths.length + 1);
+    let at = 0;
+    for (let i = 0; i < lengths.length; i++) {
+      if (lengths[i]! < FRAME_HEADER) throw new CorruptError(`${what}: frame ${i} is ${lengths[i]} bytes, shorter than its header`);
+      at += lengths[i]!;
+      ends[i + 1] = at;
+    }
+    return new FrameIndex(frameBytes, logical, base, ends);
+  }
+
+  /** The stored length of every frame (what metadata carries). */
+  lengths(): Uint32Array {
+    const out = new Uint32Array(this.frames);
+    for (let i = 0; i < this.frames; i++) out[i] = this.ends[i + 1]! - this.ends[i]!;
+    return out;
+  }
+
+  /**
+   * The frames holding logical bytes [off, off+len) and the stored range [start, end) of the
+   * object they occupy. O(1).
+   */
+  span(off: number, len: number): { first: number; last: number; start: number; end: number } {
+    if (!(off >= 0 && len > 0 && off + len <= this.logical)) throw new CorruptError(`logical range [${off}, +${len}) outside an object of ${this.logical} bytes`);
+    const first = Math.floor(off / this.frameBytes);
+    const last = Math.floor((off + len - 1) / this.frameBytes);
+    return { first, last, start: this.base + this.ends[first]!, end: this.base + this.ends[last + 1]! };
+  }
+}
+
+/** Frame lengths as metadata carries them: base64 of u32 LE. */
+export function lengthsToString(lengths: Uint32Array): string {
+  const b = Buffer.allocUnsafe(lengths.length * 4);
+  for (let i = 0; i < lengths.length; i++) b.writeUInt32LE(lengths[i]!, i * 4);
+  return b.toString('base64');
+}
+
+export function lengthsFromString(s: unknown, what: string): Uint32Array {
+  if (typeof s !== 'string') throw new CorruptError(`${what}: frame index missing`);
+  const b = Buffer.from(s, 'base64');
+  if (b.length % 4 !== 0) throw new CorruptError(`${what}: frame index is not whole u32s`);
+  const out = new Uint32Array(b.length / 4);
+  for (let i = 0; i < out.length; i++) out[i] = b.readUInt32LE(i * 4);
+  return out;
+}
+
+// ------------------------------------------------------------------ decoding
+
+/**
+ * Decode frame `index` of object `objectKey` from its stored bytes `frame` (exactly its
+ * stored length), checking everything: ChecksumError (a CorruptError) if anything is off.
+ * A raw plaintext frame's result is a view of `frame`.
+ */
+export function decodeFrame(objectKey: string, seed: number, index: number, frame: Buffer, expectLogical: number, keys: FrameKeys | null): Buffer {
+  const fail = (why: string): never => { throw new ChecksumError(objectKey, index, why); };
+  if (frame.length < FRAME_HEADER) fail(`${frame.length} bytes, shorter than a frame header`);
+  if (frame[0] !== FRAME_MAGIC || frame[1] !== FRAME_VERSION) fail('not a frame header (magic/version)');
+  const codec = frame[2]!;
+  const flags = frame[3]!;
+  const logical = frame.readUInt32LE(4);
+  const payloadLen = frame.readUInt32LE(8);
+  const fseed = frameSeed(seed, index);
+  if (FRAME_HEADER + payloadLen !== frame.length) fail(`header says ${payloadLen} payload bytes, the index ${frame.length - FRAME_HEADER}`);
+  if (logical !== expectLogical) fail(`header says ${logical} logical bytes, the index ${expectLogical}`);
+  if ((codec !== CODEC_RAW && codec !== CODEC_LZ4) || (flags & ~FLAG_ENCRYPTED) !== 0) fail(`unknown codec ${codec} or flags ${flags}`);
+  const payload = frame.subarray(FRAME_HEADER);
+  let crcF = crc32(frame.subarray(0, 28), fseed);
+  if (flags & FLAG_ENCRYPTED) {
+    if (crcF !== frame.readUInt32LE(28)) fail('header checksum mismatch');
+    if (payloadLen < 4 + GCM_TAG) fail('encrypted payload too short');
+    if (!keys) fail('encrypted frame, and this volume has no key for it');
+    const d = createDecipheriv('aes-256-gcm', keys!.readKey(objectKey), frame.subarray(16, 28));
+    d.setAAD(aad(objectKey, index, frame));
+    d.setAuthTag(payload.subarray(payload.length - GCM_TAG));
+    let plain: Buffer;
+    try {
+      plain = Buffer.concat([d.update(payload.subarray(0, payload.length - GCM_TAG)), d.final()]);
+    } catch {
+      return fail('authentication failed (tampered, damaged, or another key\'s frame)');
+    }
+    const out = codec === CODEC_LZ4 ? lz4OrFail(plain.subarray(4), logical, fail) : plain.subarray(4);
+    if (out.length !== logical || crc32(out, fseed) !== plain.readUInt32LE(0)) fail('logical checksum mismatch');
+    return out;
+  }
+  if (codec !== CODEC_RAW) crcF = crc32(payload, crcF);
+  if (crcF !== frame.readUInt32LE(28)) fail('frame checksum mismatch');
+  const out = codec === CODEC_LZ4 ? lz4OrFail(payload, logical, fail) : payload;
+  if (out.length !== logical || crc32(out, fseed) !== frame.readUInt32LE(12)) fail('logical checksum mismatch');
+  return out;
+}
+
+function lz4OrFail(payload: Buffer, logical: number, fail: (why: string) => never): Buffer {
+  try { return lz4Decode(payload, logical); } catch (err) { return fail(err instanceof Error ? err.message : String(err)); }
+}
+
+/**
+ * Copy logical bytes [off, off+len) of an object into out[outOff..] from `stored`, the object's
+ * stored bytes [span.start, span.end) (FrameIndex.span): every frame of the span is decoded
+ * and checked (decodeFrame) before anything is copied from it.
+ */
+export function copyFromFrames(objectKey: string, idx: FrameIndex, stored: Buffer, off: number, len: number, out: Buffer, outOff: number, keys: FrameKeys | null): void {
+  const { first, last, start } = idx.span(off, len);
+  const seed = keySeed(objectKey);
+  const F = idx.frameBytes;
+  for (let i = first; i <= last; i++) {
+    const a = idx.base + idx.ends[i]! - start;
+    const b = idx.base + idx.ends[i + 1]! - start;
+    const frameStart = i * F;
+    const logical = decodeFrame(objectKey, seed, i, stored.subarray(a, b), Math.min(F, idx.logical - frameStart), keys);
+    const from = Math.max(off, frameStart);
+    const to = Math.min(off + len, frameStart + logical.length);
+    logical.copy(out, outOff + (from - off), from - frameStart, to - frameStart);
+  }
+}
+
+/**
+ * Walk a framed object's bytes without its index (each header gives the next frame's
+ * position): the index of a segment found alone in the store (tools, tests).
+ */
+export function scanFrames(body: Buffer, base = 0): Uint32Array {
+  const lengths: number[] = [];
+  let at = base;
+  while (at < body.length) {
+    if (at + FRAME_HEADER > body.length || body[at] !== FRAME_MAGIC) throw new CorruptError(`no frame header at ${at}`);
+    const len = FRAME_HEADER + body.readUInt32LE(at + 8);
+    lengths.push(len);
+    at += len;
+  }
+  if (at !== body.length) throw new CorruptError('the last frame runs past the end');
+  return Uint32Array.from(lengths);
+}

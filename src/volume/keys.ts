@@ -1,0 +1,168 @@
+/**
+ * Encryption at rest: envelope keys (issue 16, docs/rfc-frames.md).
+ *
+ * - The master key (32 bytes) is given to a process by `--key-file FILE` or the environment
+ *   (`BATON_KEY_FILE` names a file, `BATON_KEY` holds the key as hex or base64), never as a
+ *   command-line value. It is never written anywhere and never logged; what is recorded is its
+ *   id: the first 8 bytes of HMAC-SHA256(master, "baton key id v1"), so a process with another
+ *   key is refused with a clear message, before anything is read or written.
+ * - Every volume that writes data has its own data key (DEK, 32 random bytes), wrapped by the
+ *   master key with AES-256-GCM (nonce 12 | ciphertext 32 | tag 16, base64; the additional
+ *   data binds it to the volume id: a wrapped key moved to another volume does not unwrap).
+ * - A record's `data.encryption.keys` is a keyring, volume id -> wrapped DEK: a volume's own,
+ *   and those of every ancestor whose objects its map may name. A fork copies its source's ring
+ *   and adds a new key of its own (so a fork is made with the master key given); a snapshot
+ *   writes nothing and carries its source's ring. Frames do not name their key: the object's
+ *   key (`vol/<id>/...`) says which volume wrote it, and so which DEK (keyFor).
+ * Why a key per volume rather than the parent's: each key's random nonces stay within its own
+ * budget (2^32 frames per key: 128 TiB of 32 KiB frames), and a volume only ever writes with
+ * its own key (compaction rewrites only a volume's own objects), so the key that encrypted a
+ * frame is always known from where the frame is.
+ */
+
+import { createCipheriv, createDecipheriv, createHmac } from 'node:crypto';
+import { readFileSync } from 'node:fs';
+import type { World } from '../clock.js';
+import { InvalidArgumentError, KeyError } from '../errors.js';
+import type { EncryptionSettings, VolumeRecord } from './format.js';
+import type { FrameKeys } from './frames.js';
+
+export const MASTER_KEY_BYTES = 32;
+
+/** A master key as a process holds it. `key` never leaves this process. */
+export interface MasterKey {
+  readonly id: string;
+  readonly key: Buffer;
+}
+
+export function masterKeyId(key: Buffer): string {
+  return createHmac('sha256', key).update('baton key id v1').digest().subarray(0, 8).toString('hex');
+}
+
+export function masterKey(key: Buffer): MasterKey {
+  if (key.length !== MASTER_KEY_BYTES) throw new InvalidArgumentError(`a master key is ${MASTER_KEY_BYTES} bytes, not ${key.length}`);
+  const k = Buffer.from(key);
+  const mk = { id: masterKeyId(k), key: k };
+  // Logging an object that holds it must not print it.
+  Object.defineProperty(mk, 'key', { enumerable: false });
+  Object.defineProperty(mk, 'toJSON', { enumerable: false, value: () => ({ id: mk.id }) });
+  return mk;
+}
+
+/** A key as text: 64 hex digits or base64 of 32 bytes (surrounding blanks ignored). */
+function parseKeyText(text: string, where: string): Buffer {
+  const s = text.trim();
+  if (/^[0-9a-fA-F]{64}$/.test(s)) return Buffer.from(s, 'hex');
+  if (/^[A-Za-z0-9+/]{43}=?$/.test(s)) {
+    const b = Buffer.from(s, 'base64');
+    if (b.length === MASTER_KEY_BYTES) return b;
+  }
+  throw new InvalidArgumentError(`${where}: not a key (32 bytes, as 64 hex digits or base64; make one with: head -c 32 /dev/urandom > key)`);
+}
+
+/**
+ * The master key this process was given: `keyFile` (the --key-file flag), else the file
+ * BATON_KEY_FILE names, else BATON_KEY; null if none. A key file holds the 32 bytes raw, or
+ * as 64 hex digits or base64 text.
+ */
+export function loadMasterKey(keyFile: string | undefined, env: NodeJS.ProcessEnv = process.env): MasterKey | null {
+  const file = keyFile ?? (env.BATON_KEY_FILE || undefined);
+  if (file !== undefined) {
+    let b: Buffer;
+    try { b = readFileSync(file); } catch (err) { throw new InvalidArgumentError(`cannot read the key file ${file}: ${(err as Error).message}`); }
+    // 32 bytes are the key itself, unless they are all printable text: 32 hex digits (a 16-byte
+    // key written as hex) would otherwise be taken as a key made of those characters. A random
+    // 32-byte key is all printable ASCII with probability (95/256)^32, about 2^-46.
+    const text = b.every((c) => c >= 0x20 && c < 0x7f);
+    return masterKey(b.length === MASTER_KEY_BYTES && !text ? b : parseKeyText(b.toString('utf8'), `key file ${file}`));
+  }
+  if (env.BATON_KEY) return masterKey(parseKeyText(env.BATON_KEY, 'BATON_KEY'));
+  return null;
+}
+
+function dekAad(volumeId: string): Buffer {
+  return Buffer.from(`baton-dek:${volumeId}`, 'utf8');
+}
+
+export function wrapDataKey(master: MasterKey, volumeId: string, dek: Buffer, world: World): string {
+  const nonce = world.randomBytes(12);
+  const c = createCipheriv('aes-256-gcm', master.key, nonce);
+  c.setAAD(dekAad(volumeId));
+  const ct = Buffer.concat([c.update(dek), c.final()]);
+  return Buffer.concat([nonce, ct, c.getAuthTag()]).toString('base64');
+}
+
+export function unwrapDataKey(master: MasterKey, volumeId: string, wrapped: string): Buffer | null {
+  const b = Buffer.from(wrapped, 'base64');
+  if (b.length !== 12 + 32 + 16) return null;
+  try {
+    const d = createDecipheriv('aes-256-gcm', master.key, b.subarray(0, 12));
+    d.setAAD(dekAad(volumeId));
+    d.setAuthTag(b.subarray(44));
+    return Buffer.concat([d.update(b.subarray(12, 44)), d.final()]);
+  } catch {
+    return null;
+  }
+}
+
+function need(master: MasterKey | null, what: string, keyId: string | null): MasterKey {
+  if (!master) {
+    throw new KeyError(`${what} is encrypted${keyId ? ` (master key id ${keyId})` : ''}: give its master key with --key-file FILE, or BATON_KEY_FILE / BATON_KEY in the environment`);
+  }
+  if (keyId !== null && master.id !== keyId) {
+    throw new KeyError(`${what} is encrypted with master key id ${keyId}, and the key given has id ${master.id}: give the key it was made with`);
+  }
+  return master;
+}
+
+/** The encryption of a new volume: a data key of its own, wrapped by `master`. */
+export function newEncryption(master: MasterKey | null, name: string, volumeId: string, world: World): EncryptionSettings {
+  const m = need(master, `creating encrypted volume ${name}`, null);
+  return { alg: 'aes-256-gcm', keyId: m.id, keys: { [volumeId]: wrapDataKey(m, volumeId, world.randomBytes(32), world) } };
+}
+
+/**
+ * The encryption of a fork or snapshot of a volume encrypted with `src`: the same ring, and for
+ * a fork (which writes) a data key of its own, which needs the master key.
+ */
+export function derivedEncryption(src: EncryptionSettings, master: MasterKey | null, name: string, srcName: string, volumeId: string, snapshot: boolean, world: World): EncryptionSettings {
+  if (snapshot) return src;
+  const m = need(master, `${srcName} (forked as ${name})`, src.keyId);
+  return { ...src, keys: { ...src.keys, [volumeId]: wrapDataKey(m, volumeId, world.randomBytes(32), world) } };
+}
+
+/** The volume id an object key belongs to (vol/<id>/...). */
+function volumeIdOf(objectKey: string): string | null {
+  const m = /^vol\/([^/]+)\//.exec(objectKey);
+  return m ? m[1]! : null;
+}
+
+/**
+ * The keys of an encrypted volume for the engine, or null if `rec` is not encrypted. Refuses
+ * (KeyError) without the master key, with another one, or when a data key of its ring does not
+ * unwrap: at attach, never as an EIO on a first read. Data keys are kept only in this object.
+ */
+export function frameKeysFor(rec: VolumeRecord, master: MasterKey | null): FrameKeys | null {
+  const enc = rec.data?.encryption;
+  if (!enc) return null;
+  const m = need(master, `volume ${rec.name}`, enc.keyId);
+  const ring = new Map<string, Buffer>();
+  for (const [id, wrapped] of Object.entries(enc.keys)) {
+    const dek = unwrapDataKey(m, id, wrapped);
+    if (!dek) throw new KeyError(`volume ${rec.name}: the data key of ${id} does not unwrap with the master key given (id ${m.id}): its record is damaged, or the key is not the one it was made with`);
+    ring.set(id, dek);
+  }
+  const own = ring.get(rec.id) ?? null;
+  if (!rec.snapshot && !own) throw new KeyError(`volume ${rec.name}: its record has no data key of its own`);
+  const keys: FrameKeys = {
+    writeKey: rec.snapshot ? null : own,
+    readKey(objectKey: string): Buffer {
+      const id = volumeIdOf(objectKey);
+      const k = id === null ? undefined : ring.get(id);
+      if (!k) throw new KeyError(`volume ${rec.name}: no data key for ${objectKey} (its keyring has none for ${id})`);
+      return k;
+    },
+  };
+  Object.defineProperty(keys, 'writeKey', { enumerable: false });
+  return keys;
+}

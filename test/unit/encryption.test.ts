@@ -1,0 +1,224 @@
+/**
+ * Encryption at rest through the catalog and the engine (issue 16, src/volume/keys.ts): no
+ * plaintext in the store or the read cache; a missing, wrong or damaged key is refused at
+ * open (KeyError), never garbage; forks get a data key of their own and read their parent's
+ * frames; snapshots read with their source's ring; a tampered or swapped frame is EIO; the
+ * master key is loaded from a file or the environment and never printed.
+ */
+import test, { type ExecutionContext } from 'ava';
+import { randomBytes } from 'node:crypto';
+import * as fsp from 'node:fs/promises';
+import * as os from 'node:os';
+import * as path from 'node:path';
+import { inspect } from 'node:util';
+import { BlockCache, MemorySlab } from '../../src/cache.js';
+import { ChecksumError, InvalidArgumentError, KeyError } from '../../src/errors.js';
+import { silentLogger } from '../../src/log.js';
+import { MemoryObjectStore } from '../../src/store/memory.js';
+import { listAll, type ObjectStore } from '../../src/store/object-store.js';
+import { StoreCatalog } from '../../src/volume/catalog.js';
+import { decodeVolumeRecord, keys } from '../../src/volume/format.js';
+import { collectGarbage } from '../../src/volume/gc.js';
+import { loadMasterKey, masterKey, type MasterKey } from '../../src/volume/keys.js';
+import type { Volume } from '../../src/volume/volume.js';
+
+const KiB = 1024;
+const MiB = 1024 * KiB;
+const SECRET = 'AWS_SECRET_ACCESS_KEY=wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY\n';
+/** Compressible text with a secret in it: what must never be found in the store or the cache. */
+const secretText = (n: number, tag = 0): Buffer => {
+  const line = `# .env ${tag}\n${SECRET}export PATH=/usr/local/bin:$PATH\n`;
+  const b = Buffer.allocUnsafe(n);
+  for (let i = 0; i < n; i++) b[i] = line.charCodeAt(i % line.length);
+  return b;
+};
+
+function host(store: ObjectStore, master: MasterKey | null, cache?: BlockCache) {
+  const c = cache ?? BlockCache.open({ capacityBytes: 64 * MiB });
+  const catalog = new StoreCatalog({ store, log: silentLogger(), cache: async () => c, volume: { segmentBytes: 256 * KiB, maxOperationMs: 100 }, masterKey: () => master });
+  const open = async (name: string, readOnly = false): Promise<Volume> => (await catalog.open(name, { readOnly })).volume!;
+  return { catalog, open };
+}
+
+async function allStored(store: ObjectStore): Promise<Buffer> {
+  const parts: Buffer[] = [];
+  for (const o of await listAll(store, 'vol/')) parts.push(await store.get(o.key));
+  return Buffer.concat(parts);
+}
+
+const K1 = masterKey(Buffer.alloc(32, 1));
+const K2 = masterKey(Buffer.alloc(32, 2));
+
+test('an encrypted volume: reads back, no plaintext in the store or in the read cache, raw bytes of another volume do hold it', async (t) => {
+  const mem = new MemoryObjectStore();
+  const slab = new MemorySlab();
+  const cache = await BlockCache.open({ capacityBytes: 64 * MiB, slab });
+  const a = host(mem, K1, cache);
+  await a.catalog.create('sec', 16 * MiB, { encrypt: true });
+  await a.catalog.create('plain', 16 * MiB);
+  const data = secretText(1 * MiB + 12345);
+  for (const name of ['sec', 'plain']) {
+    const v = await a.open(name);
+    await v.write(4096, data, true); // segments and inline data
+    await v.write(8 * MiB, data.subarray(0, 3000), true); // a small commit: inline only
+    await v.close();
+  }
+  const plainId = decodeVolumeRecord(await mem.get(keys.volumeRecord('plain')), 'plain').id;
+  const secId = decodeVolumeRecord(await mem.get(keys.volumeRecord('sec')), 'sec').id;
+  const storedOf = async (id: string): Promise<Buffer> => Buffer.concat(await Promise.all((await listAll(mem, keys.volumePrefix(id))).map((o) => mem.get(o.key))));
+  t.true((await storedOf(plainId)).includes('wJalrXUtnFEMI'), 'the check can fail: a plain volume\'s lz4 frames hold the secret');
+  t.false((await storedOf(secId)).includes('wJalrXUtnFEMI'), 'the encrypted volume\'s objects do not');
+  const rec = (await mem.get(keys.volumeRecord('sec'))).toString();
+  t.false(rec.includes(K1.key.toString('hex')) || rec.includes(K1.key.toString('base64')), 'the record holds no master key');
+  // A fresh host reads it through the block cache; the cache holds only stored bytes.
+  const slab2 = new MemorySlab();
+  const cache2 = await BlockCache.open({ capacityBytes: 64 * MiB, slab: slab2 });
+  const b = host(mem, K1, cache2);
+  const w = await b.open('sec', true);
+  t.true((await w.read(4096, data.length)).equals(data));
+  t.true((await w.read(8 * MiB, 3000)).equals(data.subarray(0, 3000)));
+  await cache2.drain();
+  const slots = (slab2 as unknown as { slots: Map<number, Buffer> }).slots;
+  t.true(slots.size > 0, 'the reads went through the cache');
+  t.false(Buffer.concat([...slots.values()]).includes('wJalrXUtnFEMI'), 'no plaintext in the cache');
+  const pw = await b.open('plain', true);
+  t.true((await pw.read(4096, data.length)).equals(data));
+  await cache2.drain();
+  t.true(Buffer.concat([...slots.values()]).includes('wJalrXUtnFEMI'), 'the check can fail: a plain volume\'s cached frames hold it');
+});
+
+test('attach of an encrypted volume: without a key, with another key, or with a damaged data key it is refused (KeyError naming the key id), before any read', async (t) => {
+  const mem = new MemoryObjectStore();
+  const a = host(mem, K1);
+  await a.catalog.create('sec', 16 * MiB, { encrypt: true });
+  const v = await a.open('sec');
+  await v.write(0, secretText(300 * KiB), true);
+  await v.close();
+  const none = await t.throwsAsync(host(mem, null).open('sec', true), { instanceOf: KeyError });
+  t.regex(none!.message, new RegExp(`master key id ${K1.id}.*--key-file`));
+  const other = await t.throwsAsync(host(mem, K2).open('sec'), { instanceOf: KeyError });
+  t.regex(other!.message, new RegExp(`${K1.id}.*${K2.id}`));
+  t.is((other as KeyError).code, 'BATON_ERR_KEY');
+  // A record whose wrapped data key was changed (or moved from another volume) does not unwrap.
+  const recKey = keys.volumeRecord('sec');
+  const rec = decodeVolumeRecord(await mem.get(recKey), recKey);
+  const id = rec.id;
+  const wrapped = Buffer.from(rec.data!.encryption!.keys[id]!, 'base64');
+  wrapped[20]! ^= 1;
+  rec.data!.encryption!.keys[id] = wrapped.toString('base64');
+  await mem.delete(recKey);
+  await mem.put(recKey, Buffer.from(JSON.stringify(rec)));
+  await t.throwsAsync(host(mem, K1).open('sec', true), { instanceOf: KeyError, message: /does not unwrap/ });
+  // Creating one needs a key too.
+  await t.throwsAsync(host(mem, null).catalog.create('sec2', MiB, { encrypt: true }), { instanceOf: KeyError });
+});
+
+test('forks and snapshots of an encrypted volume: a fork gets a data key of its own and reads its parent\'s frames; snapshots read with their source\'s ring; forking needs the key', async (t) => {
+  const mem = new MemoryObjectStore();
+  const a = host(mem, K1);
+  await a.catalog.create('sec', 16 * MiB, { encrypt: true });
+  const v = await a.open('sec');
+  const base = secretText(600 * KiB, 1);
+  await v.write(0, base, true);
+  await v.close();
+  await a.catalog.snapshot('sec', 'before');
+  await t.throwsAsync(host(mem, null).catalog.fork('sec', 'nokey'), { instanceOf: KeyError });
+  await t.throwsAsync(host(mem, K2).catalog.fork('sec', 'otherkey'), { instanceOf: KeyError });
+  await a.catalog.fork('sec', 'f');
+  const f = await a.open('f');
+  t.true((await f.read(0, base.length)).equals(base), 'the fork reads its parent\'s frames');
+  const mine = secretText(200 * KiB, 2);
+  await f.write(100 * KiB, mine, true);
+  await f.close();
+  const model = Buffer.from(base);
+  mine.copy(model, 100 * KiB);
+  const srec = decodeVolumeRecord(await mem.get(keys.volumeRecord('sec')), 's');
+  const frec = decodeVolumeRecord(await mem.get(keys.volumeRecord('f')), 'f');
+  t.deepEqual(Object.keys(frec.data!.encryption!.keys).sort(), [srec.id, frec.id].sort(), 'the fork\'s ring: its parent\'s key and its own');
+  t.not(frec.data!.encryption!.keys[frec.id], srec.data!.encryption!.keys[srec.id]);
+  // The fork's own objects are under its own key: the parent's key alone does not read them.
+  const fObjs = (await listAll(mem, keys.volumePrefix(frec.id))).filter((o) => o.key.includes('/log/') || o.key.includes('/seg/'));
+  t.true(fObjs.length > 0);
+  t.false((await allStored(mem)).includes('wJalrXUtnFEMI'));
+  // A fresh host: fork, snapshot, fork of the fork, all read.
+  const b = host(mem, K1);
+  t.true((await (await b.open('f', true)).read(0, base.length)).equals(model));
+  t.true((await (await b.open('sec@before', true)).read(0, base.length)).equals(base));
+  await b.catalog.fork('f', 'ff');
+  t.true((await (await b.open('ff', true)).read(0, base.length)).equals(model));
+  await b.catalog.fork('sec@before', 'fs');
+  t.true((await (await b.open('fs', true)).read(0, base.length)).equals(base));
+  // Without the key: the snapshot and the fork are refused like the volume.
+  await t.throwsAsync(host(mem, null).open('sec@before', true), { instanceOf: KeyError });
+  await t.throwsAsync(host(mem, K2).open('ff', true), { instanceOf: KeyError });
+  // GC, ls and diff need no key (they read maps only) and keep what the forks need.
+  const nokey = host(mem, null);
+  t.deepEqual(await nokey.catalog.diff('sec', 'f'), [{ offset: 100 * KiB, length: 200 * KiB }]);
+  t.true((await nokey.catalog.listWithAccounting()).length >= 5);
+  const M = 100;
+  const gcHost = new StoreCatalog({ store: mem, log: silentLogger(), cache: async () => BlockCache.open({ capacityBytes: MiB }), volume: { maxOperationMs: M } });
+  const r1 = await collectGarbage(gcHost, { graceMs: 2 * M, maxOperationMs: M });
+  await new Promise((r) => setTimeout(r, 3 * M));
+  const r2 = await collectGarbage(gcHost, { graceMs: 2 * M, maxOperationMs: M });
+  t.true(r1.records >= 5 && r2.records >= 5, 'GC read every record without a key');
+  for (const [n, want] of [['ff', model], ['fs', base], ['sec@before', base], ['f', model], ['sec', base]] as const) {
+    t.true((await (await host(mem, K1).open(n, true)).read(0, base.length)).equals(want), `${n} reads after GC`);
+  }
+});
+
+test('a tampered, swapped or re-keyed encrypted frame is EIO (ChecksumError), never bytes', async (t) => {
+  const mem = new MemoryObjectStore();
+  const a = host(mem, K1);
+  await a.catalog.create('x', 16 * MiB, { encrypt: true });
+  await a.catalog.create('y', 16 * MiB, { encrypt: true });
+  const data = secretText(512 * KiB);
+  for (const n of ['x', 'y']) { const v = await a.open(n); await v.write(0, data, true); await v.close(); }
+  const idOf = async (n: string): Promise<string> => decodeVolumeRecord(await mem.get(keys.volumeRecord(n)), n).id;
+  const segsOf = async (n: string): Promise<string[]> => (await listAll(mem, keys.volumePrefix(await idOf(n)))).filter((o) => o.key.includes('/seg/')).map((o) => o.key).sort();
+  const xs = await segsOf('x');
+  const ys = await segsOf('y');
+  t.is(xs.length, 2);
+  // 1. One flipped bit in a ciphertext.
+  const body = await mem.get(xs[0]!);
+  const bad = Buffer.from(body);
+  bad[body.length - 40]! ^= 4;
+  await mem.delete(xs[0]!); await mem.put(xs[0]!, bad);
+  const w = await host(mem, K1).open('x', true);
+  await t.throwsAsync(w.read(0, 256 * KiB), { instanceOf: ChecksumError, message: /authentication failed/ });
+  t.true((await w.read(256 * KiB, 256 * KiB)).equals(data.subarray(256 * KiB)), 'the other segment reads');
+  // 2. y's segment (same data, same position, another volume's key) put in its place.
+  await mem.delete(xs[0]!); await mem.put(xs[0]!, await mem.get(ys[0]!));
+  await t.throwsAsync((await host(mem, K1).open('x', true)).read(0, 4096), { instanceOf: ChecksumError });
+  // 3. x's own second segment put in place of its first (same key, another object).
+  await mem.delete(xs[0]!); await mem.put(xs[0]!, await mem.get(xs[1]!));
+  await t.throwsAsync((await host(mem, K1).open('x', true)).read(0, 4096), { instanceOf: ChecksumError });
+  await mem.delete(xs[0]!); await mem.put(xs[0]!, body);
+  t.true((await (await host(mem, K1).open('x', true)).read(0, data.length)).equals(data), 'restored: reads');
+});
+
+async function tempDir(t: ExecutionContext): Promise<string> {
+  const dir = await fsp.mkdtemp(path.join(os.tmpdir(), 'baton-keys-'));
+  t.teardown(() => fsp.rm(dir, { recursive: true, force: true }));
+  return dir;
+}
+
+test('the master key: a file (raw, hex or base64), BATON_KEY_FILE or BATON_KEY; bad keys are clear errors; the key is never printed', async (t) => {
+  const dir = await tempDir(t);
+  const raw = randomBytes(32);
+  const want = masterKey(raw).id;
+  const f = (n: string, b: Buffer | string): Promise<string> => fsp.writeFile(path.join(dir, n), b).then(() => path.join(dir, n));
+  t.is(loadMasterKey(await f('raw', raw), {})!.id, want);
+  t.is(loadMasterKey(await f('hex', raw.toString('hex') + '\n'), {})!.id, want);
+  t.is(loadMasterKey(await f('b64', raw.toString('base64')), {})!.id, want);
+  t.is(loadMasterKey(undefined, { BATON_KEY_FILE: path.join(dir, 'hex') })!.id, want);
+  t.is(loadMasterKey(undefined, { BATON_KEY: raw.toString('hex') })!.id, want);
+  t.is(loadMasterKey(path.join(dir, 'raw'), { BATON_KEY: randomBytes(32).toString('hex') })!.id, want, '--key-file wins over the environment');
+  t.is(loadMasterKey(undefined, {}), null);
+  const short = await f('short', randomBytes(16).toString('hex'));
+  t.throws(() => loadMasterKey(short, {}), { instanceOf: InvalidArgumentError, message: /not a key/ });
+  t.throws(() => loadMasterKey(path.join(dir, 'missing'), {}), { instanceOf: InvalidArgumentError, message: /cannot read the key file/ });
+  t.throws(() => loadMasterKey(undefined, { BATON_KEY: 'password' }), { instanceOf: InvalidArgumentError, message: /BATON_KEY: not a key/ });
+  const mk = loadMasterKey(path.join(dir, 'raw'), {})!;
+  const shown = JSON.stringify(mk) + inspect(mk) + String(mk);
+  t.false(shown.includes(raw.toString('hex')) || shown.includes(raw.toString('base64')), shown);
+});

@@ -1,0 +1,319 @@
+/**
+ * Framed data through the volume engine (issue 16): a store written by the code before frames
+ * still reads byte for byte (and takes framed writes); a damaged object in the store or a
+ * damaged cache block never reaches a reader (EIO after one re-fetch, or the right bytes when
+ * the store's copy is good); random damage to random objects: every read is right or an error;
+ * compaction, accounting and diff on framed data.
+ */
+import test, { type ExecutionContext } from 'ava';
+import { createHash } from 'node:crypto';
+import { readFileSync } from 'node:fs';
+import * as fsp from 'node:fs/promises';
+import * as os from 'node:os';
+import * as path from 'node:path';
+import pino from 'pino';
+import { BlockCache, MemorySlab } from '../../src/cache.js';
+import { ChecksumError, CorruptError } from '../../src/errors.js';
+import { silentLogger, type Logger } from '../../src/log.js';
+import { seededRandom } from '../../src/store/decorators.js';
+import { LocalDirObjectStore } from '../../src/store/local-dir.js';
+import { MemoryObjectStore } from '../../src/store/memory.js';
+import { listAll, type ByteRange, type ObjectStore } from '../../src/store/object-store.js';
+import { StoreCatalog, type CreateOptions } from '../../src/volume/catalog.js';
+import { decodeCheckpoint, keys } from '../../src/volume/format.js';
+import { collectGarbage } from '../../src/volume/gc.js';
+import type { Volume, VolumeOptions } from '../../src/volume/volume.js';
+
+const KiB = 1024;
+const MiB = 1024 * KiB;
+const OBJ_SUFFIX = '@'; // src/store/local-dir.ts: an object's file is its key's last segment + '@'
+const FIXTURE = path.join(process.cwd(), 'test/fixtures/v0-store/store.json');
+
+interface Fixture { size: number; expect: Record<string, string>; objects: { key: string; body: string }[] }
+const fixture = JSON.parse(readFileSync(FIXTURE, 'utf8')) as Fixture;
+
+const sha = (b: Buffer): string => createHash('sha256').update(b).digest('hex');
+const text = (seed: number, n: number): Buffer => { const b = Buffer.allocUnsafe(n); const s = `module.exports = require("./lib/${seed}"); // seed ${seed}\n`; for (let i = 0; i < n; i++) b[i] = s.charCodeAt(i % s.length); return b; };
+const rnd = (seed: number, n: number): Buffer => { const r = seededRandom(seed); const b = Buffer.allocUnsafe(n); for (let i = 0; i < n; i++) b[i] = Math.floor(r() * 256); return b; };
+/** Half text, half random, in 16 KiB stripes: frames of both kinds. */
+const mixed = (seed: number, n: number): Buffer => { const b = text(seed, n); rnd(seed, n).copy(b, 0, 0, 0); for (let o = 16 * KiB; o < n; o += 32 * KiB) rnd(seed + o, Math.min(16 * KiB, n - o)).copy(b, o); return b; };
+
+interface LogLine { level: number; msg: string; key?: string; frame?: number }
+function capturing(): { log: Logger; lines: LogLine[] } {
+  const lines: LogLine[] = [];
+  const log = pino({ level: 'debug' }, { write(s: string) { lines.push(JSON.parse(s) as LogLine); } });
+  return { log, lines };
+}
+
+function host(store: ObjectStore, volume: Partial<VolumeOptions> = {}, log: Logger = silentLogger(), cache?: BlockCache) {
+  const c = cache ?? BlockCache.open({ capacityBytes: 64 * MiB });
+  const catalog = new StoreCatalog({ store, log, cache: async () => c, volume });
+  const open = async (name: string, readOnly = false): Promise<Volume> => (await catalog.open(name, { readOnly })).volume!;
+  return { catalog, open };
+}
+
+async function loadFixture(store: ObjectStore): Promise<void> {
+  for (const o of fixture.objects) await store.put(o.key, Buffer.from(o.body, 'base64'));
+}
+
+async function tempDir(t: ExecutionContext): Promise<string> {
+  const dir = await fsp.mkdtemp(path.join(os.tmpdir(), 'baton-frames-'));
+  t.teardown(() => fsp.rm(dir, { recursive: true, force: true }));
+  return dir;
+}
+
+/** Replace an object's bytes (a store that rotted, or someone who wrote the bucket). */
+async function damage(store: ObjectStore, key: string, fn: (b: Buffer) => void): Promise<Buffer> {
+  const before = await store.get(key);
+  const after = Buffer.from(before);
+  fn(after);
+  await store.delete(key);
+  await store.put(key, after);
+  return before;
+}
+
+async function restore(store: ObjectStore, key: string, body: Buffer): Promise<void> {
+  await store.delete(key);
+  await store.put(key, body);
+}
+
+/** Counts GETs per key. */
+class CountingStore implements ObjectStore {
+  readonly gets = new Map<string, number>();
+  constructor(readonly inner: ObjectStore) {}
+  get description(): string { return this.inner.description; }
+  get(key: string, range?: ByteRange): Promise<Buffer> { this.gets.set(key, (this.gets.get(key) ?? 0) + 1); return this.inner.get(key, range); }
+  put(...a: Parameters<ObjectStore['put']>) { return this.inner.put(...a); }
+  head(key: string) { return this.inner.head(key); }
+  list(...a: Parameters<ObjectStore['list']>) { return this.inner.list(...a); }
+  delete(key: string) { return this.inner.delete(key); }
+  close() { return this.inner.close(); }
+}
+
+for (const kind of ['memory', 'file'] as const) {
+  test(`a store written before framed data reads byte for byte: volume, fork, snapshot (${kind}: store)`, async (t) => {
+    const store = kind === 'memory' ? new MemoryObjectStore() : new LocalDirObjectStore(await tempDir(t));
+    await loadFixture(store);
+    const { open } = host(store);
+    for (const [name, want] of Object.entries(fixture.expect)) {
+      const v = await open(name, true);
+      t.is(sha(await v.read(0, fixture.size)), want!, name);
+      // Pieces too: reads that start and end inside old objects.
+      const r = seededRandom(name.length);
+      const whole = await v.read(0, fixture.size);
+      for (let k = 0; k < 30; k++) {
+        const off = Math.floor(r() * fixture.size);
+        const len = 1 + Math.floor(r() * Math.min(100_000, fixture.size - off));
+        t.true((await v.read(off, len)).equals(whole.subarray(off, off + len)));
+      }
+      await v.close();
+    }
+  });
+}
+
+test('an old volume takes framed writes: old and new data read together, from a v5 checkpoint naming both kinds, on a fresh host, and GC keeps both', async (t) => {
+  const store = new MemoryObjectStore();
+  await loadFixture(store);
+  const a = host(store, { segmentBytes: 64 * KiB });
+  const v = await a.open('old');
+  const model = await v.read(0, fixture.size);
+  t.is(sha(model), fixture.expect.old!);
+  for (const [i, off] of [5000, 1_000_000, 2_500_000].entries()) {
+    const d = mixed(i, 20_000 + i * 70_000);
+    await v.write(off, d, false);
+    d.copy(model, off);
+    await v.flush();
+  }
+  await v.close(); // a checkpoint of the mixed map
+  const id = v.volumeId;
+  const cps = await listAll(store, keys.checkpointPrefix(id));
+  const c = decodeCheckpoint(await store.get(cps[cps.length - 1]!.key), 'cp');
+  t.is(c.v, 5);
+  t.true(c.objects.some((o) => o[2] === null) && c.objects.some((o) => o[2] !== null && o[2] !== undefined), 'raw and framed objects in one checkpoint');
+  const w = await host(store).open('old', true);
+  t.true((await w.read(0, fixture.size)).equals(model), 'a fresh host reads old and new bytes');
+  const gc = await collectGarbage(a.catalog, { graceMs: 2000, maxOperationMs: 1000 });
+  t.is(gc.deletedObjects, 0);
+  t.true((await host(store).open('old-fork', true).then((f) => f.read(0, fixture.size)).then(sha)) === fixture.expect['old-fork']);
+});
+
+test('a flipped bit in a stored segment: the read fails (ChecksumError, EIO), the object is named in an error log, it was fetched again once; other ranges read', async (t) => {
+  const mem = new MemoryObjectStore();
+  const a = host(mem, { segmentBytes: 256 * KiB });
+  await a.catalog.create('v', 16 * MiB);
+  const v = await a.open('v');
+  const data = mixed(1, 1 * MiB);
+  await v.write(0, data, true);
+  await v.close();
+  const segs = (await listAll(mem, keys.volumePrefix(v.volumeId))).filter((o) => o.key.includes('/seg/'));
+  t.is(segs.length, 4);
+  const victim = segs[1]!.key; // volume bytes [256 KiB, 512 KiB)
+  await damage(mem, victim, (b) => { b[b.length - 100]! ^= 0x10; }); // in its last frame
+  const counting = new CountingStore(mem);
+  const cap = capturing();
+  const w = await host(counting, {}, cap.log).open('v', true);
+  const err = await t.throwsAsync(w.read(0, 1 * MiB));
+  t.true(err instanceof ChecksumError && err instanceof CorruptError, String(err));
+  t.is((err as ChecksumError).objectKey, victim);
+  const errors = cap.lines.filter((l) => l.level >= 50 && l.key === victim);
+  t.is(errors.length, 2, 'one error for the first read, one for the re-fetch');
+  t.is(counting.gets.get(victim), 2, 'through the cache, then once straight from the store');
+  t.true((await w.read(0, 256 * KiB + 200 * KiB)).equals(data.subarray(0, 456 * KiB)), 'the frames before it read');
+  t.true((await w.read(512 * KiB, 512 * KiB)).equals(data.subarray(512 * KiB)), 'other objects read');
+  await t.throwsAsync(w.read(512 * KiB - 10, 5), { instanceOf: ChecksumError });
+});
+
+test('a damaged block in the read cache (the store\'s copy is good): the reader gets the right bytes, after one re-fetch and an error log', async (t) => {
+  const mem = new MemoryObjectStore();
+  const slab = new MemorySlab();
+  const cache = await BlockCache.open({ capacityBytes: 64 * MiB, slab });
+  const cap = capturing();
+  const a = host(mem, { segmentBytes: 256 * KiB });
+  await a.catalog.create('v', 16 * MiB);
+  const v = await a.open('v');
+  const data = mixed(2, 1 * MiB);
+  await v.write(0, data, true);
+  await v.close();
+  const counting = new CountingStore(mem);
+  const w = await host(counting, {}, cap.log, cache).open('v', true);
+  t.true((await w.read(0, 1 * MiB)).equals(data), 'first read fills the cache');
+  await cache.drain();
+  // Rot every cached block.
+  const slots = (slab as unknown as { slots: Map<number, Buffer> }).slots;
+  t.true(slots.size > 0);
+  for (const b of slots.values()) b[1000]! ^= 1;
+  const before = [...counting.gets.values()].reduce((x, y) => x + y, 0);
+  t.true((await w.read(0, 1 * MiB)).equals(data), 'right bytes, from the store');
+  const after = [...counting.gets.values()].reduce((x, y) => x + y, 0);
+  t.true(after > before, 'the store was asked again');
+  t.true(cap.lines.some((l) => l.level >= 50 && l.msg.startsWith('stored data failed its check')));
+  t.false(cap.lines.some((l) => l.msg.startsWith('stored data failed its check again')), 'the re-fetch was good');
+});
+
+test('file: store: a flipped bit in a segment file is EIO, never the bytes; the rest reads', async (t) => {
+  const dir = await tempDir(t);
+  const store = new LocalDirObjectStore(dir);
+  t.truthy(store.local, 'reads in place');
+  const a = host(store, { segmentBytes: 256 * KiB });
+  await a.catalog.create('v', 16 * MiB);
+  const v = await a.open('v');
+  const data = mixed(3, 1 * MiB);
+  await v.write(0, data, true);
+  await v.close();
+  const segs = (await listAll(store, keys.volumePrefix(v.volumeId))).filter((o) => o.key.includes('/seg/'));
+  // Flip a bit in the file itself, near its end (the store's own header is at the start).
+  const file = path.join(dir, ...segs[2]!.key.split('/')) + OBJ_SUFFIX;
+  const st = await fsp.stat(file).catch(() => null);
+  t.truthy(st, `the object is the file ${file}`);
+  const fd = await fsp.open(file, 'r+');
+  const b = Buffer.alloc(1);
+  await fd.read(b, 0, 1, st!.size - 5000);
+  b[0]! ^= 0x40;
+  await fd.write(b, 0, 1, st!.size - 5000);
+  await fd.close();
+  const w = await host(new LocalDirObjectStore(dir)).open('v', true);
+  await t.throwsAsync(w.read(0, 1 * MiB), { instanceOf: ChecksumError });
+  t.true((await w.read(0, 512 * KiB)).equals(data.subarray(0, 512 * KiB)));
+  t.true((await w.read(768 * KiB, 256 * KiB)).equals(data.subarray(768 * KiB)));
+});
+
+test('0 wrong bytes: random damage to random objects of a volume (segments, inline data, headers), every read is the right bytes or an error', async (t) => {
+  const mem = new MemoryObjectStore();
+  const SIZE = 4 * MiB;
+  const a = host(mem, { segmentBytes: 128 * KiB, checkpointEvery: 1000 });
+  await a.catalog.create('v', SIZE);
+  const v = await a.open('v');
+  const model = Buffer.alloc(SIZE);
+  const r = seededRandom(99);
+  for (let i = 0; i < 25; i++) {
+    const off = Math.floor(r() * (SIZE - 300 * KiB));
+    const d = mixed(i, 1 + Math.floor(r() * 300 * KiB));
+    await v.write(off, d, false);
+    d.copy(model, off);
+    if (i % 3 === 2) await v.flush();
+  }
+  await v.close();
+  const objects = (await listAll(mem, keys.volumePrefix(v.volumeId))).filter((o) => o.key.includes('/seg/') || o.key.includes('/log/'));
+  let wrong = 0;
+  let failedReads = 0;
+  let failedOpens = 0;
+  let goodReads = 0;
+  for (let round = 0; round < 40; round++) {
+    const o = objects[Math.floor(r() * objects.length)]!;
+    const flips = 1 + Math.floor(r() * 3);
+    const body = await damage(mem, o.key, (b) => { for (let f = 0; f < flips; f++) b[Math.floor(r() * b.length)]! ^= 1 << Math.floor(r() * 8); });
+    try {
+      const w = await host(mem).open('v', true);
+      for (let off = 0; off < SIZE; off += 256 * KiB) {
+        try {
+          const got = await w.read(off, 256 * KiB);
+          if (got.equals(model.subarray(off, off + 256 * KiB))) goodReads++; else wrong++;
+        } catch (err) {
+          if (!(err instanceof CorruptError)) throw err;
+          failedReads++;
+        }
+      }
+    } catch (err) {
+      if (!(err instanceof CorruptError)) throw err;
+      failedOpens++; // a damaged log header: the volume is refused, never guessed
+    }
+    await restore(mem, o.key, body);
+  }
+  t.is(wrong, 0, `no wrong bytes (${goodReads} good reads, ${failedReads} failed reads, ${failedOpens} refused opens)`);
+  t.true(failedReads + failedOpens >= 20, 'the damage was seen');
+  t.true((await host(mem).open('v', true).then((w) => w.read(0, SIZE))).equals(model), 'restored: all reads again');
+});
+
+async function compressibleVolume(create: CreateOptions = {}) {
+  const mem = new MemoryObjectStore();
+  const a = host(mem, { segmentBytes: 1 * MiB });
+  await a.catalog.create('v', 64 * MiB, create);
+  const v = await a.open('v');
+  const data = text(5, 4 * MiB);
+  await v.write(0, data, true);
+  return { mem, a, v, data };
+}
+
+test('compaction on framed data: live bytes against the object\'s logical size (not its compressed size), rewritten and read back', async (t) => {
+  const { a, v, data } = await compressibleVolume();
+  // Overwrite 3/4 of each 1 MiB segment: a quarter of each stays live.
+  for (let s = 0; s < 4; s++) await v.write(s * MiB, text(50 + s, 768 * KiB), false);
+  await v.flush();
+  const model = Buffer.from(data);
+  for (let s = 0; s < 4; s++) text(50 + s, 768 * KiB).copy(model, s * MiB);
+  const c = await v.compactionCandidates(0.5);
+  t.is(c.victims.size, 4, 'a quarter live: candidates (their compressed size is far below the live logical bytes)');
+  t.is(c.liveBytes, 4 * 256 * KiB);
+  const none = await v.compactionCandidates(0.2);
+  t.is(none.victims.size, 0, 'a quarter live is above 0.2');
+  const res = await v.compact({ below: 0.5 });
+  t.is(res.rewrittenBytes, 1 * MiB);
+  t.true((await v.read(0, 4 * MiB)).equals(model));
+  await v.close();
+  t.true((await a.open('v', true).then((w) => w.read(0, 4 * MiB))).equals(model));
+});
+
+test('accounting reports logical and stored bytes; diff is unchanged by compression', async (t) => {
+  const { a, v } = await compressibleVolume();
+  await v.write(8 * MiB, rnd(1, 1 * MiB), true);
+  await v.close();
+  await a.catalog.fork('v', 'f');
+  const f = await a.open('f');
+  await f.write(20 * MiB, text(9, 1 * MiB), true);
+  await f.close();
+  const acc = new Map((await a.catalog.listWithAccounting()).map((x) => [x.name, x]));
+  const av = acc.get('v')!;
+  t.is(av.writtenBytes, 5 * MiB);
+  t.true(av.writtenStoredBytes! < 1.2 * MiB + 64 * KiB && av.writtenStoredBytes! > 1 * MiB, `stored ${av.writtenStoredBytes}: the random MiB and 4 MiB of text compressed`);
+  t.is(av.sharedBytes, 5 * MiB);
+  const af = acc.get('f')!;
+  t.is(af.exclusiveBytes, 1 * MiB);
+  t.true(af.exclusiveStoredBytes! < 256 * KiB, 'its text compressed');
+  t.deepEqual(av.data, { format: 'framed', compression: 'lz4', encrypted: false });
+  t.deepEqual(await a.catalog.diff('v', 'f'), [{ offset: 20 * MiB, length: 1 * MiB }]);
+  const none = await compressibleVolume({ compression: 'none' });
+  await none.v.close();
+  const an = (await none.a.catalog.listWithAccounting())[0]!;
+  t.true(an.writtenStoredBytes! >= 4 * MiB, 'compression none: stored = logical (+ frame headers)');
+  t.deepEqual(an.data, { format: 'framed', compression: 'none', encrypted: false });
+});

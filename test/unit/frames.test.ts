@@ -1,0 +1,225 @@
+/**
+ * The frame format (src/volume/frames.ts, docs/rfc-frames.md): round trips of any size and
+ * split, every single-bit flip of a stored frame detected (raw, compressed, encrypted), frames
+ * bound to their object and position, truncation, the pure-TS LZ4 decoder against lz4-napi,
+ * log record v3 and checkpoint v5 checksums.
+ */
+import test from 'ava';
+import { randomBytes } from 'node:crypto';
+import { ChecksumError, CorruptError } from '../../src/errors.js';
+import { seededRandom } from '../../src/store/decorators.js';
+import {
+  checkCheckpoint, decodeCheckpoint, decodeLogHeader, encodeCheckpoint, encodeLogRecord, framedSegmentRef, inlineFrames, segmentFrames, type LogHeader,
+} from '../../src/volume/format.js';
+import {
+  CODEC_LZ4, CODEC_RAW, FRAME_BYTES, FRAME_HEADER, FrameIndex, compressionAvailable, copyFromFrames, decodeFrame, decodeLz4Block, encodeFrame, encodeObject, encodeObjectSync, keySeed,
+  lengthsFromString, lengthsToString, looksRandom, scanFrames, type EncodeOptions, type FrameKeys,
+} from '../../src/volume/frames.js';
+
+const KEY = 'vol/0123456789abcdef/seg/00000000000000000007-abcd1234-0';
+const rnd = (seed: number, n: number): Buffer => { const r = seededRandom(seed); const b = Buffer.allocUnsafe(n); for (let i = 0; i < n; i++) b[i] = Math.floor(r() * 256); return b; };
+const text = (n: number): Buffer => { const b = Buffer.allocUnsafe(n); const s = 'export function add(a, b) { return a + b; } // node_modules\n'; for (let i = 0; i < n; i++) b[i] = s.charCodeAt(i % s.length); return b; };
+const plain = (compress: boolean): EncodeOptions => ({ compress, key: null, random: (n) => Buffer.alloc(n) });
+const DEK = randomBytes(32);
+const keysOf = (k: Buffer): FrameKeys => ({ writeKey: k, readKey: () => k });
+const enc = (compress: boolean): EncodeOptions => ({ compress, key: DEK, random: (n) => randomBytes(n) });
+
+function indexOf(lengths: Uint32Array, logical: number, base = 0, frameBytes = FRAME_BYTES): FrameIndex {
+  return FrameIndex.fromLengths(frameBytes, logical, base, lengths, 'test');
+}
+
+/** Read logical [off, off+len) back through copyFromFrames from the object's whole stored body. */
+function readBack(body: Buffer, idx: FrameIndex, off: number, len: number, keys: FrameKeys | null = null, key = KEY): Buffer {
+  const sp = idx.span(off, len);
+  const out = Buffer.alloc(len);
+  copyFromFrames(key, idx, body.subarray(sp.start, sp.end), off, len, out, 0, keys);
+  return out;
+}
+
+test('round trip: any size, any split into parts, any sub-range; compressible frames are lz4, random ones raw', (t) => {
+  for (const size of [1, 4095, FRAME_BYTES - 1, FRAME_BYTES, FRAME_BYTES + 1, 3 * FRAME_BYTES + 777, 300_000]) {
+    for (const [name, data] of [['text', text(size)], ['random', rnd(size, size)]] as const) {
+      // Parts cut at odd places: frames that span parts are gathered, others are views.
+      const cut = [0, Math.floor(size / 3), Math.floor(size / 3) + 1, size].filter((x, i, a) => i === 0 || x > a[i - 1]!);
+      const parts = cut.slice(1).map((end, i) => data.subarray(cut[i]!, end));
+      for (const compress of [false, true]) {
+        const e = encodeObjectSync(KEY, parts, size, plain(compress));
+        const body = Buffer.concat(e.pieces);
+        t.is(body.length, e.stored);
+        const idx = indexOf(e.lengths, size);
+        t.deepEqual(scanFrames(body), e.lengths, 'a segment walks without its index');
+        t.true(readBack(body, idx, 0, size).equals(data), `${name} ${size} compress=${compress}: whole`);
+        const r = seededRandom(size);
+        for (let k = 0; k < 20; k++) {
+          const off = Math.floor(r() * size);
+          const len = 1 + Math.floor(r() * Math.min(size - off, 70_000));
+          t.true(readBack(body, idx, off, len).equals(data.subarray(off, off + len)), `${name} ${size} [${off}, +${len})`);
+        }
+        const codec = body[2];
+        if (compress && compressionAvailable && name === 'text' && size >= 4096) t.is(codec, CODEC_LZ4, 'text is compressed');
+        if (name === 'random' || !compress) t.is(codec, CODEC_RAW, 'random bytes and compression off: raw');
+      }
+    }
+  }
+});
+
+test('compression: text frames shrink a lot; random ones are not even tried (looksRandom) and cost 32 bytes each', (t) => {
+  const size = 1024 * 1024;
+  const tx = encodeObjectSync(KEY, [text(size)], size, plain(true));
+  if (compressionAvailable) t.true(tx.stored < size / 5, `text: ${tx.stored} of ${size}`);
+  const rd = encodeObjectSync(KEY, [rnd(1, size)], size, plain(true));
+  t.is(rd.stored, size + (size / FRAME_BYTES) * FRAME_HEADER);
+  t.true(looksRandom(rnd(2, FRAME_BYTES)));
+  t.false(looksRandom(text(FRAME_BYTES)));
+  t.false(looksRandom(Buffer.from(rnd(3, 24 * 1024).toString('base64')).subarray(0, FRAME_BYTES)), 'base64 is 6 bits a byte: tried');
+});
+
+test('every single-bit flip of a stored frame is detected: raw, compressed and encrypted frames', (t) => {
+  const cases: [string, Buffer, EncodeOptions, FrameKeys | null][] = [
+    ['raw', rnd(9, 2048), plain(false), null],
+    ['lz4', text(8192), plain(true), null],
+    ['encrypted raw', rnd(10, 1024), enc(false), keysOf(DEK)],
+    ['encrypted lz4', text(8192), enc(true), keysOf(DEK)],
+  ];
+  for (const [name, data, o, keys] of cases) {
+    const frame = Buffer.concat(encodeFrame(KEY, keySeed(KEY), 3, data, o));
+    if (name.includes('lz4') && compressionAvailable) t.is(frame[2], CODEC_LZ4);
+    t.true(decodeFrame(KEY, keySeed(KEY), 3, frame, data.length, keys).equals(data), `${name}: intact`);
+    let missed = 0;
+    for (let bit = 0; bit < frame.length * 8; bit++) {
+      const bad = Buffer.from(frame);
+      bad[bit >> 3]! ^= 1 << (bit & 7);
+      try {
+        decodeFrame(KEY, keySeed(KEY), 3, bad, data.length, keys);
+        missed++; // decoded despite a flipped bit
+      } catch (err) {
+        if (!(err instanceof ChecksumError)) throw err;
+      }
+    }
+    t.is(missed, 0, `${name}: ${frame.length * 8} single-bit flips, all detected`);
+  }
+});
+
+test('random multi-bit damage, truncation, another object\'s or position\'s frame, another key: all ChecksumError, never bytes', (t) => {
+  const data = text(3 * FRAME_BYTES);
+  for (const [o, keys] of [[plain(true), null], [plain(false), null], [enc(true), keysOf(DEK)]] as const) {
+    const e = encodeObjectSync(KEY, [data], data.length, o);
+    const body = Buffer.concat(e.pieces);
+    const idx = indexOf(e.lengths, data.length);
+    const r = seededRandom(42);
+    for (let k = 0; k < 300; k++) {
+      const bad = Buffer.from(body);
+      const flips = 2 + Math.floor(r() * 30);
+      for (let f = 0; f < flips; f++) bad[Math.floor(r() * bad.length)]! ^= 1 + Math.floor(r() * 255);
+      if (bad.equals(body)) continue;
+      const err = t.throws(() => readBack(bad, idx, 0, data.length, keys));
+      t.true(err instanceof ChecksumError, String(err));
+    }
+    // Truncated: the last frame is short.
+    t.throws(() => decodeFrame(KEY, keySeed(KEY), 2, body.subarray(idx.ends[2]!, idx.ends[3]! - 1), FRAME_BYTES, keys), { instanceOf: ChecksumError });
+    // A frame of another object, or at another position of this one.
+    const f0 = body.subarray(0, idx.ends[1]!);
+    t.throws(() => decodeFrame('vol/0123456789abcdef/seg/other', keySeed('vol/0123456789abcdef/seg/other'), 0, f0, FRAME_BYTES, keys), { instanceOf: ChecksumError });
+    t.throws(() => decodeFrame(KEY, keySeed(KEY), 1, f0, FRAME_BYTES, keys), { instanceOf: ChecksumError });
+    // The index says another logical size.
+    t.throws(() => decodeFrame(KEY, keySeed(KEY), 0, f0, FRAME_BYTES - 1, keys), { instanceOf: ChecksumError });
+    if (keys) t.throws(() => readBack(body, idx, 0, 10, keysOf(randomBytes(32))), { instanceOf: ChecksumError }, 'another key');
+    if (keys) t.throws(() => readBack(body, idx, 0, 10, null), { instanceOf: ChecksumError }, 'no key');
+  }
+});
+
+test('an encrypted frame holds no plaintext: its payload is not the data and its crc field is zero', (t) => {
+  const data = Buffer.alloc(8192, 0x61);
+  const frame = Buffer.concat(encodeFrame(KEY, keySeed(KEY), 0, data, enc(true)));
+  t.is(frame.readUInt32LE(12), 0);
+  t.false(frame.includes(Buffer.alloc(64, 0x61)));
+  const two = Buffer.concat(encodeFrame(KEY, keySeed(KEY), 0, data, enc(true)));
+  t.false(two.subarray(16).equals(frame.subarray(16)), 'a new nonce for every frame');
+});
+
+test('the pure-TS LZ4 block decoder agrees with lz4-napi, and refuses damaged blocks', (t) => {
+  if (!compressionAvailable) { t.pass('lz4-napi not loadable here'); return; }
+  for (const data of [text(FRAME_BYTES), Buffer.concat([text(5000), rnd(4, 3000), Buffer.alloc(20000), text(4768)]), Buffer.alloc(FRAME_BYTES)]) {
+    const frame = Buffer.concat(encodeFrame(KEY, keySeed(KEY), 0, data, plain(true)));
+    t.is(frame[2], CODEC_LZ4);
+    const payload = frame.subarray(FRAME_HEADER);
+    t.true(decodeLz4Block(payload.subarray(4), data.length).equals(data));
+    t.throws(() => decodeLz4Block(payload.subarray(4, payload.length - 3), data.length), { instanceOf: CorruptError });
+    t.throws(() => decodeLz4Block(payload.subarray(4), data.length + 1), { instanceOf: CorruptError });
+  }
+});
+
+test('FrameIndex: spans are O(1) lookups; an index that does not add up is corrupt', (t) => {
+  const lengths = Uint32Array.from([100, 200, 50]);
+  const idx = indexOf(lengths, 2 * FRAME_BYTES + 10, 1000);
+  t.deepEqual(idx.span(0, 1), { first: 0, last: 0, start: 1000, end: 1100 });
+  t.deepEqual(idx.span(FRAME_BYTES - 1, 2), { first: 0, last: 1, start: 1000, end: 1300 });
+  t.deepEqual(idx.span(2 * FRAME_BYTES, 10), { first: 2, last: 2, start: 1300, end: 1350 });
+  t.throws(() => idx.span(2 * FRAME_BYTES + 5, 10), { instanceOf: CorruptError });
+  t.throws(() => indexOf(lengths, 3 * FRAME_BYTES + 1), { instanceOf: CorruptError }, 'four frames\' worth of logical bytes, three lengths');
+  t.throws(() => indexOf(Uint32Array.from([10, 200, 50]), 2 * FRAME_BYTES + 10), { instanceOf: CorruptError }, 'a frame shorter than its header');
+  t.deepEqual(lengthsFromString(lengthsToString(lengths), 'x'), lengths);
+  t.throws(() => lengthsFromString('AAA', 'x'), { instanceOf: CorruptError });
+});
+
+test('encodeObject yields between slices and gives the same bytes as in one go', async (t) => {
+  const data = text(3 * 1024 * 1024);
+  let pauses = 0;
+  const a = await encodeObject(KEY, [data], data.length, plain(true), async () => { pauses++; });
+  t.true(pauses >= 2, `paused ${pauses} times`);
+  t.true(Buffer.concat(a.pieces).equals(Buffer.concat(encodeObjectSync(KEY, [data], data.length, plain(true)).pieces)));
+});
+
+function v3Header(segments: LogHeader['segments'], inline?: LogHeader['inline'], inlineLength = 0): LogHeader {
+  return {
+    v: 3, kind: 'commit', seq: 7, volumeId: 'abc', token: 1, time: new Date(0).toISOString(), segments, extents: [[0, 10, -1, 0]], inlineLength, frameBytes: FRAME_BYTES,
+    ...(inline ? { inline } : {}), id: 'id7', prev: 'id6',
+  };
+}
+
+test('log record v3: inline frames after a checksummed header; a flipped bit in the header is refused; indexes must add up', (t) => {
+  const data = text(50_000);
+  const key = 'vol/abc/log/00000000000000000007';
+  const e = encodeObjectSync(key, [data], data.length, plain(true));
+  const seg = encodeObjectSync(KEY, [rnd(5, 40_000)], 40_000, plain(true));
+  const h = v3Header([framedSegmentRef(KEY, 40_000, seg.lengths, seg.stored)], { logical: data.length, frames: lengthsToString(e.lengths) }, e.stored);
+  const { body, dataStart } = encodeLogRecord(h, e.pieces);
+  const d = decodeLogHeader(body, key);
+  t.is(d.dataStart, dataStart);
+  const inline = inlineFrames(d.header, d.dataStart, body.length, key)!;
+  t.true(readBack(body, inline, 0, data.length, null, key).equals(data));
+  t.is(segmentFrames(d.header, 0, key)!.stored, seg.stored);
+  let refused = 0;
+  for (let bit = 0; bit < dataStart * 8; bit++) {
+    const bad = Buffer.from(body.subarray(0, dataStart));
+    bad[bit >> 3]! ^= 1 << (bit & 7);
+    try { decodeLogHeader(bad, key); } catch (err) { if (err instanceof CorruptError) refused++; else throw err; }
+  }
+  t.is(refused, dataStart * 8, 'every single-bit flip of the header (magic, lengths, crc, JSON) is refused');
+  const wrong = v3Header([{ ...framedSegmentRef(KEY, 40_000, seg.lengths, seg.stored), size: seg.stored + 1 }]);
+  t.throws(() => segmentFrames(decodeLogHeader(encodeLogRecord(wrong, []).body, key).header, 0, key), { instanceOf: CorruptError });
+});
+
+test('checkpoint v5: frame indexes round trip; a flipped bit anywhere is refused (crc), also by the sliced check', async (t) => {
+  const seg = encodeObjectSync(KEY, [text(100_000)], 100_000, plain(true));
+  const idx = indexOf(seg.lengths, 100_000);
+  const header = { volumeId: 'abc', seq: 9, token: 2, lastId: 'x', time: new Date(0).toISOString() };
+  const b = await encodeCheckpoint(header, async (fn) => {
+    fn(0, 50_000, KEY, 0, 0, seg.stored, idx);
+    fn(50_000, 4096, 'vol/abc/seg/raw-one', 0, 123, 8 * 1024 * 1024, null);
+    fn(60_000, 8192, null, -2, 0, 0, null);
+  }, async () => {});
+  const c = decodeCheckpoint(b, 'cp');
+  t.is(c.v, 5);
+  t.deepEqual(c.objects[0]![2]!.lengths(), seg.lengths);
+  t.is(c.objects[1]![2], null);
+  await checkCheckpoint(b, 'cp', async () => {});
+  const r = seededRandom(7);
+  for (let k = 0; k < 200; k++) {
+    const bad = Buffer.from(b);
+    const bit = Math.floor(r() * bad.length * 8);
+    bad[bit >> 3]! ^= 1 << (bit & 7);
+    t.throws(() => decodeCheckpoint(bad, 'cp'), { instanceOf: CorruptError });
+    if (bit >= 64) await t.throwsAsync(checkCheckpoint(bad, 'cp', async () => {}), { instanceOf: CorruptError });
+  }
+});
