@@ -95,7 +95,29 @@ export interface VolumeExportsOptions {
   hydrate?: HydrateOptions;
   /** Count each volume's NBD requests (serve --metrics): its connections share one RequestStats. */
   requestStats?: boolean;
+  /**
+   * Told what happens to each volume (the API's per-volume events, src/api.ts). Called
+   * synchronously where it happens; it must not throw or block (an exception is swallowed).
+   */
+  onEvent?: (e: VolumeEvent) => void;
 }
+
+/**
+ * What happened to a served volume:
+ * - attached / detached: a connection got or gave back a handle (`connections`: how many now);
+ * - flushed: a commit landed: every write acknowledged before it is in the store;
+ * - leaseLost: this host lost the lease (renewal failed, revoked by `rm --force` or `rename
+ *   --force`): the volume was fenced and its clients disconnected;
+ * - handedOff: given to another host on its request (`baton handoff`);
+ * - dropped: fenced for another reason: removed or replaced in the store, or it fenced itself.
+ */
+export type VolumeEvent =
+  | { type: 'attached'; volume: string; connections: number }
+  | { type: 'detached'; volume: string; connections: number }
+  | { type: 'flushed'; volume: string; seq: number; bytes: number }
+  | { type: 'leaseLost'; volume: string; reason: string }
+  | { type: 'handedOff'; volume: string; to: string }
+  | { type: 'dropped'; volume: string; reason: string };
 
 /** A volume this host has in hand (opening, serving or draining), as serve --metrics reports it. */
 export interface ServedVolumeInfo {
@@ -269,10 +291,16 @@ export class VolumeExports implements ExportProvider {
     }
   }
 
+  private emit(e: VolumeEvent): void {
+    if (!this.opts.onEvent) return;
+    try { this.opts.onEvent(e); } catch { /* a listener's own bug must not break serving */ }
+  }
+
   private handle(s: Served): ExportHandle {
     const ov = s.ov!;
     s.refs++;
     this.updateIdle(s);
+    this.emit({ type: 'attached', volume: s.name, connections: s.refs });
     let released = false;
     return {
       name: s.name,
@@ -286,6 +314,7 @@ export class VolumeExports implements ExportProvider {
         s.refs--;
         if (s.refs === 0) s.notifyNoClients();
         this.updateIdle(s);
+        this.emit({ type: 'detached', volume: s.name, connections: s.refs });
       },
     };
   }
@@ -313,6 +342,7 @@ export class VolumeExports implements ExportProvider {
       : `volume ${s.name} was removed and created again in ${this.catalog.description} (id ${vol.volumeId} is now ${id}) while served here`;
     this.opts.log.error({ volume: s.name, id: vol.volumeId, now: id }, `${reason}: dropping it, its clients are disconnected`);
     this.stop(s, { kind: 'fence', reason });
+    this.emit({ type: 'dropped', volume: s.name, reason });
     return false;
   }
 
@@ -467,6 +497,7 @@ export class VolumeExports implements ExportProvider {
 
   private watchVolume(s: Served): void {
     const vol = s.volume;
+    vol?.onCommitted((c) => this.emit({ type: 'flushed', volume: s.name, seq: c.seq, bytes: c.bytes }));
     vol?.onFenced((err) => {
       if (s.fencedByUs || s.fence || s.state === 'closed' || s.state === 'fenced') return;
       // 9.6: the engine fenced itself (its log position was taken, its lease deadline
@@ -474,6 +505,7 @@ export class VolumeExports implements ExportProvider {
       // keep the volume unusable everywhere until this process restarts.
       this.opts.log.error({ volume: s.name, err: errorMessage(err) }, 'volume fenced itself: disconnecting its clients, closing it without flushing and releasing its lease; the next attach recovers it from the store');
       this.stop(s, { kind: 'fence', reason: errorMessage(err) });
+      this.emit({ type: 'dropped', volume: s.name, reason: errorMessage(err) });
     });
   }
 
@@ -535,6 +567,7 @@ export class VolumeExports implements ExportProvider {
     if (s.state === 'closed' || s.state === 'fenced') return;
     this.opts.log.error({ volume: s.name, reason }, 'lease lost: volume fenced, clients disconnected');
     this.stop(s, { kind: 'fence', reason: `lease lost: ${reason}` });
+    this.emit({ type: 'leaseLost', volume: s.name, reason });
   }
 
   /**
@@ -647,7 +680,10 @@ export class VolumeExports implements ExportProvider {
     const to = exit.kind === 'handoff' ? exit.to : s.releaseTo;
     try {
       await lease.release(to);
-      if (to !== undefined) this.opts.log.info({ volume: s.name, to, fenced: !!s.fence }, 'volume handed off');
+      if (to !== undefined) {
+        this.opts.log.info({ volume: s.name, to, fenced: !!s.fence }, 'volume handed off');
+        this.emit({ type: 'handedOff', volume: s.name, to });
+      }
     } catch (err) {
       // The lease was already gone (or the lease store is unreachable): the new host gets
       // the volume when the lease expires instead of at once.

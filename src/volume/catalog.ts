@@ -357,6 +357,97 @@ export class StoreCatalog implements VolumeCatalog {
     return { name, size: rec.size, createdAt: rec.createdAt, storedBytes: 0, kind: 'snapshot', parent: rec.parent! };
   }
 
+  /** The checks of rename that need no store: two volume names (not snapshots), not the same. */
+  checkRename(from: string, to: string): void {
+    for (const n of [from, to]) {
+      if (n.includes('@')) throw new InvalidArgumentError(`rename gives a volume another name; ${n} is a snapshot: fork it into a volume instead (baton fork ${n} NEW-NAME)`);
+    }
+    checkVolumeName(from);
+    checkVolumeName(to);
+    if (from === to) throw new InvalidArgumentError(`${from} already has that name: rename needs two different names`);
+  }
+
+  /**
+   * Give volume `from` the name `to`; with `replace`, `to`'s current volume is removed first.
+   * The argument is docs/rfc-rename.md; in short, a rename is made only of steps whose safety
+   * the catalog already argues, each leaving a catalog where every name names one whole
+   * volume:
+   * 1. (replace) Remove `to`'s record, as rm does: its descendants are looked for first (if
+   *    that cannot be told, nothing is changed), and its record is deleted only if the name
+   *    still names the id we read. Its data is not touched yet.
+   * 2. Land `to` as an O(1) fork of `from` at its last acknowledged flush (derive: the
+   *    create-only name put is the commit point, time-bounded against GC, confirmed against
+   *    a concurrent rm of `from`). A concurrent create or rename onto `to` makes exactly one
+   *    of them land (the other gets AlreadyExists and undoes its own fork). The new volume has
+   *    a new id whose map starts as `from`'s: no two names ever share an id, which the rest
+   *    of the catalog relies on (rm deletes an id's objects once no OTHER record descends
+   *    from it: two names on one id would let rm of one delete the other's data).
+   * 3. Delete `from`'s record (again only while it names the id we forked): its data stays,
+   *    since `to` now descends from it (GC keeps what `to` maps).
+   * 4. (replace) Delete the old `to`'s objects, as rm's step (3) does, only if nothing
+   *    descended from it before step 1 and nothing does now; else they stay for GC.
+   * A failure between 1 and 2 leaves `to` absent and `from` unchanged; between 2 and 3 both
+   * names exist (`to` a fork of `from`): the error says which and what to run.
+   *
+   * What keeps other hosts from writing either volume while this runs (a served `from` would
+   * go on taking writes the new `to` does not have) is the caller holding both names' leases
+   * (Deployment.rename); `leased()` throws once they cannot be trusted any more, and is
+   * called before each step that changes a name.
+   */
+  async rename(from: string, to: string, opts: { replace: boolean; onStep?: (step: string) => void; leased?: () => void }): Promise<{ from: string; to: string; id: string; replaced: { keptForRelatives: boolean; deletedObjects: number } | null }> {
+    this.checkRename(from, to);
+    const step = (s: string): void => opts.onStep?.(s);
+    const src = await this.record(from);
+    const all = await this.allRecords();
+    const snapsOf = (rec: VolumeRecord): string[] => all.filter((r) => isSnapshotOf(r, rec)).map((r) => r.name);
+    const srcSnaps = snapsOf(src);
+    if (srcSnaps.length > 0) {
+      throw new InvalidArgumentError(`${from} has snapshots (${srcSnaps.join(', ')}), which are named after it and belong to it: remove them first (baton rm NAME@SNAP), or fork the volume under the new name instead (baton fork ${from} ${to})`);
+    }
+    const dst = await this.recordOrNull(to);
+    if (dst && !opts.replace) {
+      throw new AlreadyExistsError(`volume "${to}" already exists in ${this.description}: add --replace to make ${from} the new ${to} (the current ${to} is removed; its data stays while forks or snapshots use it), or pick another name`);
+    }
+    let dstHadDescendants = false;
+    if (dst) {
+      const dstSnaps = snapsOf(dst);
+      if (dstSnaps.length > 0) {
+        throw new InvalidArgumentError(`${to} has snapshots (${dstSnaps.join(', ')}), which belong to the volume being replaced: remove them first (baton rm NAME@SNAP), then run the rename again`);
+      }
+      step(`removing the current ${to}`);
+      dstHadDescendants = await this.descendantsBeforeRemoving(dst);
+      opts.leased?.();
+      // Only the volume we decided to replace: a name made again meanwhile is someone else's.
+      const now = await this.recordOrNull(to);
+      if (now?.id !== dst.id) throw new PreconditionFailedError(`${to} was removed or made again while it was being replaced; nothing was changed: run the rename again`);
+      await this.opts.store.delete(keys.volumeRecord(to));
+    }
+    step(`landing ${to}`);
+    opts.leased?.();
+    let rec: VolumeRecord;
+    try {
+      rec = await this.derive(from, to, false);
+    } catch (err) {
+      if (dst) throw rewrap(err, `the old ${to} was removed, but ${from} could not be given its name (${errorMessage(err)}): ${from} is unchanged; run baton rename ${from} ${to} again (${to} is free now)`);
+      throw err;
+    }
+    step(`removing the name ${from}`);
+    const both = `${to} now holds ${from}'s data, and ${from} is still there too (a fork of it is what ${to} is): remove it with baton rm ${from}`;
+    try {
+      opts.leased?.();
+      const still = await this.recordOrNull(from);
+      if (still?.id === src.id) await this.opts.store.delete(keys.volumeRecord(from));
+    } catch (err) {
+      throw rewrap(err, `${errorMessage(err)}; ${both}`);
+    }
+    let replaced: { keptForRelatives: boolean; deletedObjects: number } | null = null;
+    if (dst) {
+      step(`deleting the data of the old ${to}`);
+      replaced = await this.deleteDataIfUnused(dst, dstHadDescendants);
+    }
+    return { from, to, id: rec.id, replaced };
+  }
+
   async record(name: string): Promise<VolumeRecord> {
     checkExportName(name);
     const key = keys.volumeRecord(name);
@@ -454,6 +545,14 @@ export class StoreCatalog implements VolumeCatalog {
   private async removeRecord(rec: VolumeRecord): Promise<RemoveResult> {
     const before = await this.descendantsBeforeRemoving(rec);
     await this.opts.store.delete(keys.volumeRecord(rec.name));
+    return this.deleteDataIfUnused(rec, before);
+  }
+
+  /**
+   * Step (3) of remove, for a record already deleted: delete its objects only if nothing
+   * descended from it before the record went (`before`) and nothing does now.
+   */
+  private async deleteDataIfUnused(rec: VolumeRecord, before: boolean): Promise<RemoveResult> {
     if (before) return { deletedObjects: 0, keptForRelatives: true }; // descendants do not vanish by themselves
     let after: boolean;
     try {

@@ -1407,6 +1407,18 @@ export class Volume implements BlockBackend {
     this.committedBytes += bytes;
     this.commitSeconds.observe((this.world.now() - a.startedAt) / 1000);
     this.maybeCheckpoint();
+    // Told after the record is applied: what it made durable is in the store (the API's
+    // `flushed` event). A listener's failure is not the commit's.
+    for (const cb of this.committedListeners) {
+      try { cb({ seq: a.seq, bytes }); } catch { /* a listener's own bug */ }
+    }
+  }
+
+  private readonly committedListeners: ((c: { seq: number; bytes: number }) => void)[] = [];
+
+  /** Called after each commit landed (log position `seq`, `bytes` put for it). */
+  onCommitted(cb: (c: { seq: number; bytes: number }) => void): void {
+    this.committedListeners.push(cb);
   }
 
   /**
