@@ -357,6 +357,36 @@ Examples:
     else process.stdout.write(`forked ${src} into ${dst} (at log record ${v.parent?.seq ?? 0}) in ${Math.round(performance.now() - t0)} ms\n`);
   });
 
+withLease(withStore(program.command('rename')
+  .description('give a volume another name; with --replace, make it THE volume of that name (promote an attempt)')
+  .argument('<from>', 'volume to rename')
+  .argument('<to>', 'its new name')))
+  .option('--replace', 'if <to> exists, remove it and put <from> in its place (its data stays while forks or snapshots use it)')
+  .option('--force', 'with --replace: even if a host serves <to>: its lease is broken, it drops the old volume like a removed one and disconnects its clients')
+  .option('--json', 'print the result as JSON')
+  .addHelpText('after', `
+Both names are leased while the rename runs, as an attach would lease them: a served <from>
+is refused (detach its clients or hand it over first), and so is a served <to> unless
+--force. Renaming onto an existing name is refused without --replace. Nobody ever sees a
+mix of the two volumes: each name names one whole volume at every moment, or (for a moment
+during --replace) none. The renamed volume is an O(1) fork of <from> under the new name (it
+gets a new id; no data is copied). Snapshots are named after their volume: a volume with
+snapshots is not renamed (remove them, or fork instead). See docs/rfc-rename.md.
+
+Examples:
+  $ baton rename scratch notes
+  $ baton rename try-2 work --replace              # the attempt that worked becomes the workspace
+  $ baton rename try-2 work --replace --force --redis redis://10.0.0.5:6379`)
+  .action(async (from: string, to: string, opts: StoreFlags & LeaseFlags & { replace?: boolean; force?: boolean; json?: boolean }) => {
+    if (opts.force && !opts.replace) throw new BatonError('BATON_ERR_INVALID_ARGUMENT', '--force only makes sense with --replace (it breaks the lease of the host serving the volume being replaced)');
+    const r = await (await deploymentFor(opts)).rename(from, to, { replace: !!opts.replace, force: !!opts.force });
+    if (opts.json) { printJson(r); return; }
+    if (r.replaced?.brokeLeaseOf) process.stdout.write(`broke the lease of ${r.replaced.brokeLeaseOf} on ${to}: it drops the old ${to} and disconnects its clients; they reattach to the new one\n`);
+    process.stdout.write(r.replaced
+      ? `replaced ${to} with ${from}${r.replaced.keptForRelatives ? `; the old ${to}'s data stays in the store because forks or snapshots still use it` : ''}\n`
+      : `renamed ${from} to ${to}\n`);
+  });
+
 withStore(program.command('snapshot')
   .description('take a read-only point-in-time snapshot NAME@SNAP (servable read-only, forkable)')
   .argument('<name>', 'volume')

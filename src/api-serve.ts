@@ -85,6 +85,12 @@ export interface BatonServer {
   on<K extends keyof ServerEvents>(event: K, listener: (e: ServerEvents[K]) => void): this;
   off<K extends keyof ServerEvents>(event: K, listener: (e: ServerEvents[K]) => void): this;
   once<K extends keyof ServerEvents>(event: K, listener: (e: ServerEvents[K]) => void): this;
+  /**
+   * Close a volume nobody is attached to now (flush, close, give its lease back), as its idle
+   * grace would, so that it can be renamed or resized at once. LeaseHeldError while clients
+   * are attached here.
+   */
+  release(volume: string): Promise<void>;
   /** Re-read TLS certificates, keys and authz (what SIGHUP does for `baton serve`). */
   reloadTls(): void;
   /** Stop: background maintenance, then NBD (requests finish), then every volume (flushed, leases given back). */
@@ -101,6 +107,8 @@ class Server extends EventEmitter implements BatonServer {
     readonly reloadTls: () => void,
     readonly close: () => Promise<void>,
   ) { super(); }
+
+  release(volume: string): Promise<void> { return this.exports.release(volume); }
 
   uri(volume: string): string {
     const a = this.address;

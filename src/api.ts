@@ -341,7 +341,6 @@ export class Deployment {
           for (const l of held) if (l.validUntil() <= now) throw new BatonError('BATON_ERR_LEASE_LOST', `${what}: the lease on ${l.volume} expired before the rename was done (is this process starved, or the lease service unreachable?); see baton ls: ${from} or ${to} names a whole volume, never a mix; run it again`);
         },
       });
-      progress('done');
       options.onProgress?.({ operation: 'rename', phase: 'done', finished: true });
       return { ...r, replaced: r.replaced ? { ...r.replaced, brokeLeaseOf } : null };
     } finally {

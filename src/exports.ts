@@ -550,6 +550,24 @@ export class VolumeExports implements ExportProvider {
 
   // ------------------------------------------------------------------ events
 
+  /**
+   * Close a volume nobody is attached to now, as its idle grace would (flush, close, give
+   * the lease back), so that this process or another may change it (rename, resize) at once.
+   * Refused while clients are attached here; a flush that fails keeps it open (as an idle
+   * close does) and is this call's error. Nothing to do for a volume not open here.
+   */
+  async release(name: string): Promise<void> {
+    const s = this.volumes.get(name);
+    if (!s) return;
+    await s.opening;
+    if (s.state === 'serving') {
+      if (s.refs > 0) throw new LeaseHeldError(`volume ${name} has ${s.refs} client${s.refs > 1 ? 's' : ''} attached on this host; detach ${s.refs > 1 ? 'them' : 'it'} first`);
+      this.beginExit(s, { kind: 'idle' });
+    }
+    await s.exit;
+    if ((s.state as ServedState) === 'serving') throw new ShutdownError(`volume ${name} could not be flushed, so it stays open here with its unflushed data (see the log); try again once the store answers`);
+  }
+
   /** Another host asked for this volume: give it over cleanly. */
   async handoff(name: string, to: string): Promise<void> {
     const s = this.volumes.get(name);
