@@ -371,7 +371,7 @@ is refused (detach its clients or hand it over first), and so is a served <to> u
 mix of the two volumes: each name names one whole volume at every moment, or (for a moment
 during --replace) none. The renamed volume is an O(1) fork of <from> under the new name (it
 gets a new id; no data is copied). Snapshots are named after their volume: a volume with
-snapshots is not renamed (remove them, or fork instead). See docs/rfc-rename.md.
+snapshots is not renamed (remove them, or fork instead). See docs/rfc-lifecycle.md.
 
 Examples:
   $ baton rename scratch notes

@@ -296,7 +296,7 @@ export class Deployment {
   }
 
   /**
-   * Give volume `from` the name `to` (docs/rfc-rename.md). Without `replace`, an existing `to`
+   * Give volume `from` the name `to` (docs/rfc-lifecycle.md). Without `replace`, an existing `to`
    * is refused (AlreadyExistsError). With it, `to`'s current volume is removed (its data kept
    * while relatives use it) and `from` becomes `to`: the agent's attempt becomes THE workspace.
    *
@@ -335,7 +335,7 @@ export class Deployment {
         onStep: (step) => { checkAborted(options.signal, what); progress(step); },
         // The leases are what keeps attaches, other renames and compaction off both names;
         // each step that changes a name first checks they still hold (a paused process whose
-        // leases expired must not go on: docs/rfc-rename.md, "What the leases give").
+        // leases expired must not go on: docs/rfc-lifecycle.md, "What the leases give").
         leased: () => {
           const now = performance.now();
           for (const l of held) if (l.validUntil() <= now) throw new BatonError('BATON_ERR_LEASE_LOST', `${what}: the lease on ${l.volume} expired before the rename was done (is this process starved, or the lease service unreachable?); see baton ls: ${from} or ${to} names a whole volume, never a mix; run it again`);

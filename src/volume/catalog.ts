@@ -369,7 +369,7 @@ export class StoreCatalog implements VolumeCatalog {
 
   /**
    * Give volume `from` the name `to`; with `replace`, `to`'s current volume is removed first.
-   * The argument is docs/rfc-rename.md; in short, a rename is made only of steps whose safety
+   * The argument is docs/rfc-lifecycle.md; in short, a rename is made only of steps whose safety
    * the catalog already argues, each leaving a catalog where every name names one whole
    * volume:
    * 1. (replace) Remove `to`'s record, as rm does: its descendants are looked for first (if
