@@ -36,6 +36,13 @@ function sizeArg(v: string): number {
   try { return parseSize(v); } catch (err) { throw new CommanderInvalidArgument(errorMessage(err)); }
 }
 
+/** An expiry: a duration with a unit (24h, 90m, 3600s; a bare number is seconds), in milliseconds. */
+function expiryArg(v: string): number {
+  const m = /^(\d+(?:\.\d+)?)(s|m|h|d)?$/.exec(v.trim());
+  if (!m || Number(m[1]) <= 0) throw new CommanderInvalidArgument(`not a duration: ${v} (examples: 24h, 90m, 7d)`);
+  return Math.round(Number(m[1]) * { s: 1000, m: 60_000, h: 3_600_000, d: 86_400_000 }[(m[2] ?? 's') as 's' | 'm' | 'h' | 'd']);
+}
+
 /** A duration: seconds, or with a unit (500ms, 90s, 10m, 1h). Returns milliseconds. */
 function durationArg(v: string): number {
   const m = /^(\d+(?:\.\d+)?)(ms|s|m|h)?$/.exec(v.trim());
@@ -132,6 +139,7 @@ function volumeJson(v: StoreVolumeInfo): Record<string, unknown> {
     name: v.name, kind: v.kind ?? 'volume', size: v.size, createdAt: v.createdAt, storedBytes: v.storedBytes,
     ...(v.parent ? { parent: v.parent } : {}),
     ...(v.snapshotOf ? { snapshotOf: v.snapshotOf } : {}),
+    ...(v.expiresAt ? { expiresAt: v.expiresAt } : {}),
     ...(v.writtenBytes !== undefined ? { writtenBytes: v.writtenBytes, exclusiveBytes: v.exclusiveBytes, sharedBytes: v.sharedBytes } : {}),
   };
 }
@@ -260,13 +268,15 @@ withStore(program.command('create')
   .description('create a volume')
   .argument('<name>', 'volume name (letters, digits, . _ -)'))
   .requiredOption('--size <size>', 'logical size, e.g. 10G, 512M', sizeArg)
+  .option('--expires <duration>', 'remove it this long from now (baton gc, or serve\'s background pass, removes it once nobody serves it): 24h, 90m', expiryArg)
   .option('--json', 'print the new volume as JSON')
   .addHelpText('after', `
 Examples:
   $ baton create work --size 10G
+  $ baton create scratch --size 512M --expires 24h
   $ baton create scratch --size 512M --store file:/tmp/baton --json`)
-  .action(async (name: string, opts: StoreFlags & { size: number; json?: boolean }) => {
-    const v = await (await deploymentFor(opts)).create(name, { size: opts.size });
+  .action(async (name: string, opts: StoreFlags & { size: number; expires?: number; json?: boolean }) => {
+    const v = await (await deploymentFor(opts)).create(name, { size: opts.size, ...(opts.expires !== undefined ? { expiresInMs: opts.expires } : {}) });
     // memory: and ram: live in this process: the volume is gone as soon as we exit.
     const gone = isProcessLocalStore(opts.store)
       ? `${opts.store} keeps volumes only while the process that made them runs, so ${v.name} is gone now that baton create exits; `
@@ -286,7 +296,7 @@ withStore(program.command('ls')
     if (opts.json) { printJson(vols.map(volumeJson)); return; }
     if (vols.length === 0) { process.stdout.write(`no volumes in ${opts.store} (create one: baton create NAME --size 10G)\n`); return; }
     const fmt = (n: number | undefined): string => (n === undefined ? '-' : formatSize(n));
-    printTable([['NAME', 'SIZE', 'STORED', 'WRITTEN', 'EXCLUSIVE', 'SHARED', 'CREATED'], ...vols.map((v: StoreVolumeInfo) => [displayName(v), formatSize(v.size), formatSize(v.storedBytes), fmt(v.writtenBytes), fmt(v.exclusiveBytes), fmt(v.sharedBytes), v.createdAt])]);
+    printTable([['NAME', 'SIZE', 'STORED', 'WRITTEN', 'EXCLUSIVE', 'SHARED', 'CREATED', 'EXPIRES'], ...vols.map((v: StoreVolumeInfo) => [displayName(v), formatSize(v.size), formatSize(v.storedBytes), fmt(v.writtenBytes), fmt(v.exclusiveBytes), fmt(v.sharedBytes), v.createdAt, v.expiresAt ?? '-'])]);
   });
 
 withStore(program.command('info')
@@ -307,6 +317,7 @@ withStore(program.command('info')
       ...(v.writtenBytes !== undefined ? [`written:   ${formatSize(v.writtenBytes)} mapped`, `exclusive: ${formatSize(v.exclusiveBytes ?? 0)} (freed if it is removed)`, `shared:    ${formatSize(v.sharedBytes ?? 0)} with forks and snapshots`] : []),
       ...(v.parent ? [`forked:    from volume id ${v.parent.id} at log record ${v.parent.seq}`] : []),
       `created:   ${v.createdAt}`,
+      ...(v.expiresAt ? [`expires:   ${v.expiresAt} (baton gc removes it then unless a host serves it; baton expire ${v.name} --never keeps it)`] : []),
       `store:     ${opts.store}`,
     ];
     process.stdout.write(lines.join('\n') + '\n');
@@ -341,6 +352,7 @@ withStore(program.command('fork')
   .description('fork a volume (or NAME@SNAP) into a new writable volume, in O(1): no data is copied')
   .argument('<src>', 'volume or snapshot to fork')
   .argument('<dst>', 'name of the new volume'))
+  .option('--expires <duration>', 'the fork is removed this long from now unless a host serves it then (an abandoned attempt): 24h, 90m', expiryArg)
   .option('--json', 'print the new volume as JSON')
   .addHelpText('after', `
 The fork starts at the source's last acknowledged flush, even while the source is served and
@@ -349,10 +361,11 @@ unflushed. Parent and fork then diverge independently and share unchanged data.
 
 Examples:
   $ baton fork work attempt-1
+  $ baton fork work attempt-2 --expires 24h           # gone tomorrow unless kept (baton expire attempt-2 --never)
   $ baton fork work@before-upgrade rollback`)
-  .action(async (src: string, dst: string, opts: StoreFlags & { json?: boolean }) => {
+  .action(async (src: string, dst: string, opts: StoreFlags & { expires?: number; json?: boolean }) => {
     const t0 = performance.now();
-    const v = await (await deploymentFor(opts)).fork(src, dst);
+    const v = await (await deploymentFor(opts)).fork(src, dst, opts.expires !== undefined ? { expiresInMs: opts.expires } : {});
     if (opts.json) printJson({ ...volumeJson(v), ms: Math.round(performance.now() - t0) });
     else process.stdout.write(`forked ${src} into ${dst} (at log record ${v.parent?.seq ?? 0}) in ${Math.round(performance.now() - t0)} ms\n`);
   });
@@ -381,10 +394,51 @@ Examples:
     if (opts.force && !opts.replace) throw new BatonError('BATON_ERR_INVALID_ARGUMENT', '--force only makes sense with --replace (it breaks the lease of the host serving the volume being replaced)');
     const r = await (await deploymentFor(opts)).rename(from, to, { replace: !!opts.replace, force: !!opts.force });
     if (opts.json) { printJson(r); return; }
+    if (r.expiresAt) process.stderr.write(`baton: note: ${to} expires at ${r.expiresAt}, as ${from} did; keep it with: baton expire ${to} --never\n`);
     if (r.replaced?.brokeLeaseOf) process.stdout.write(`broke the lease of ${r.replaced.brokeLeaseOf} on ${to}: it drops the old ${to} and disconnects its clients; they reattach to the new one\n`);
     process.stdout.write(r.replaced
       ? `replaced ${to} with ${from}${r.replaced.keptForRelatives ? `; the old ${to}'s data stays in the store because forks or snapshots still use it` : ''}\n`
       : `renamed ${from} to ${to}\n`);
+  });
+
+withLease(withStore(program.command('resize')
+  .description('change a volume\'s size: grow it (also while it is served), or shrink it with --shrink')
+  .argument('<name>')))
+  .requiredOption('--size <size>', 'the new size, e.g. 20G', sizeArg)
+  .option('--shrink', 'allow a smaller size: refused while a host serves the volume, and while data is mapped past the new end')
+  .option('--json', 'print the result as JSON')
+  .addHelpText('after', `
+Growing needs nothing else: a host serving the volume gives the new size to connections that
+attach from then on (a connection keeps the size it attached with). A kernel client sees it
+after reconnecting (nbd-client -d /dev/nbd0, then attach again; or, where the kernel and
+nbd-client support it, nbd-client's resize); then grow the filesystem: resize2fs /dev/nbd0.
+Shrinking is refused unless nothing is mapped past the new end: shrink the filesystem first
+(resize2fs DEVICE SIZE) and trim the rest (fstrim, blkdiscard).
+
+Examples:
+  $ baton resize work --size 20G
+  $ baton resize scratch --size 1G --shrink`)
+  .action(async (name: string, opts: StoreFlags & LeaseFlags & { size: number; shrink?: boolean; json?: boolean }) => {
+    const r = await (await deploymentFor(opts)).resize(name, { size: opts.size, shrink: !!opts.shrink });
+    if (opts.json) { printJson(r); return; }
+    process.stdout.write(r.from === r.to
+      ? `${name} is already ${formatSize(r.to)}\n`
+      : `resized ${name} from ${formatSize(r.from)} to ${formatSize(r.to)}${r.to > r.from ? '; clients that attach from now on see the new size (reconnect a kernel client, then resize2fs)' : ''}\n`);
+  });
+
+withStore(program.command('expire')
+  .description('set when a volume expires (baton gc removes it then, unless a host serves it), or keep it for good')
+  .argument('<name>'))
+  .option('--in <duration>', 'expire this long from now: 24h, 90m, 7d', expiryArg)
+  .option('--never', 'never expire (clears the expiry)')
+  .addHelpText('after', `
+Examples:
+  $ baton expire try-2 --never        # the attempt that worked: keep it
+  $ baton expire scratch --in 2h`)
+  .action(async (name: string, opts: StoreFlags & { in?: number; never?: boolean }) => {
+    if ((opts.in === undefined) === !opts.never) throw new BatonError('BATON_ERR_INVALID_ARGUMENT', 'give either --in DURATION or --never');
+    const r = await (await deploymentFor(opts)).expire(name, opts.never ? { never: true } : { inMs: opts.in! });
+    process.stdout.write(r.expiresAt ? `${name} expires at ${r.expiresAt}\n` : `${name} never expires\n`);
   });
 
 withStore(program.command('snapshot')
@@ -451,6 +505,11 @@ Examples:
   .action(async (opts: StoreFlags & LeaseFlags & { grace: number; dryRun?: boolean; compact?: boolean; compactBelow: number; json?: boolean; logLevel: string }) => {
     const { compacted, ...r } = await (await deploymentFor(opts, opts.logLevel)).gc({ graceMs: opts.grace, dryRun: !!opts.dryRun, compact: !!opts.compact, compactBelow: opts.compactBelow });
     if (opts.json) { printJson({ ...r, compacted }); return; }
+    for (const e of r.expired) {
+      process.stdout.write(e.removed
+        ? `removed expired ${e.name} (expired ${e.expiresAt})${e.keptForRelatives ? '; its data stays because forks or snapshots use it' : ''}\n`
+        : `expired ${e.name} (${e.expiresAt}) not removed: ${e.skipped}\n`);
+    }
     for (const c of compacted) {
       process.stdout.write(c.result
         ? `compacted ${c.name}: rewrote ${formatSize(c.result.rewrittenBytes)} live of ${c.result.objects} objects (${formatSize(c.result.objectBytes)})\n`

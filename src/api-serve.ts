@@ -184,7 +184,7 @@ export async function startServer(d: Deployment, o: ServeOptions): Promise<Baton
     const bound = await nbd.listen(addr);
     undo.push(() => nbd.close());
     const maintenance = catalog instanceof StoreCatalog && !o.readOnly
-      ? new BackgroundMaintenance(catalog, exports, { intervalMs: o.gcIntervalMs ?? DEFAULT_GC_GRACE_MS, graceMs: o.gcGraceMs ?? DEFAULT_GC_GRACE_MS, compactBelow: o.compactBelow ?? DEFAULT_COMPACT_BELOW, log })
+      ? new BackgroundMaintenance(catalog, exports, { intervalMs: o.gcIntervalMs ?? DEFAULT_GC_GRACE_MS, graceMs: o.gcGraceMs ?? DEFAULT_GC_GRACE_MS, compactBelow: o.compactBelow ?? DEFAULT_COMPACT_BELOW, log, ...(leases ? { expiry: { leases, hostId: d.hostId } } : {}) })
       : null;
     maintenance?.start();
     if (maintenance) undo.push(() => maintenance.stop());

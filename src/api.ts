@@ -39,7 +39,7 @@ import { defaultHostId, VolumeExports } from './exports.js';
 import type { Lease, LeaseManager, LeaseRecord } from './lease/lease.js';
 import { openLeaseManager } from './lease/open.js';
 import { makeLogger, silentLogger, type Logger } from './log.js';
-import { compactIdleVolumes, DEFAULT_COMPACT_BELOW, type CompactionReport } from './maintenance.js';
+import { compactIdleVolumes, DEFAULT_COMPACT_BELOW, removeExpired, type CompactionReport, type ExpiryReport } from './maintenance.js';
 import { INTERACTIVE_RETRY_BUDGET_MS } from './store/open.js';
 import { StoreCatalog, type StoreRemoveResult, type StoreVolumeInfo } from './volume/catalog.js';
 import { collectGarbage, DEFAULT_GC_GRACE_MS, type GcResult } from './volume/gc.js';
@@ -51,7 +51,7 @@ export { AbortedError, BatonError, isBatonError, type BatonErrorCode } from './e
 export type { StoreVolumeInfo as VolumeInfo, SnapshotOf } from './volume/catalog.js';
 export type { LeaseRecord, LeaseStatus } from './lease/lease.js';
 export type { GcResult } from './volume/gc.js';
-export type { CompactionReport } from './maintenance.js';
+export type { CompactionReport, ExpiryReport } from './maintenance.js';
 export type { Range } from '../cow/diff.js';
 export type { ListenAddress } from '../nbd/server.js';
 export type { VolumeEvent } from './exports.js';
@@ -102,7 +102,27 @@ export interface LongOperation {
   onProgress?: (p: Progress) => void;
 }
 
-export interface CreateOptions { size: number }
+export interface CreateOptions {
+  size: number;
+  /** Expire this long from now: GC removes it after that unless a host serves it. */
+  expiresInMs?: number;
+}
+export interface ForkOptions extends LongOperation {
+  /** The fork expires this long from now (the source's expiry is not inherited). */
+  expiresInMs?: number;
+}
+export interface ResizeOptions extends LongOperation {
+  /** The new size in bytes (a multiple of 4096). */
+  size: number;
+  /** Allow a smaller size (refused while data is mapped past the new end, and while a host serves the volume). */
+  shrink?: boolean;
+}
+export interface ExpireOptions {
+  /** Expire this long from now... */
+  inMs?: number;
+  /** ...or never (clears the expiry). */
+  never?: boolean;
+}
 export interface ListOptions { /** Space accounting (written, exclusive, shared); loads every map. Default true. */ accounting?: boolean }
 export interface RmOptions extends LongOperation {
   /** Also remove the volume's snapshots (first). */
@@ -125,7 +145,11 @@ export interface GcOptions extends LongOperation {
   compact?: boolean;
   compactBelow?: number;
 }
-export interface GcReport extends GcResult { compacted: CompactionReport[] }
+export interface GcReport extends GcResult {
+  compacted: CompactionReport[];
+  /** Expired volumes: removed, or skipped (served, has snapshots) and why. */
+  expired: ExpiryReport[];
+}
 export interface HandoffOptions extends LongOperation { /** How long to wait for the holder to release it. Default 10 s. */ waitMs?: number }
 export interface PrefetchOptions extends LongOperation {
   /** The serving host's NBD address. Default 127.0.0.1:10809. */
@@ -144,6 +168,8 @@ export interface RenameOptions extends LongOperation {
 export interface RenameResult {
   from: string;
   to: string;
+  /** The renamed volume keeps its expiry (ISO time), if it had one. */
+  expiresAt?: string;
   /** The renamed volume's new id (a rename is an O(1) fork under the new name, then the old name's removal). */
   id: string;
   /** With replace: what happened to the volume that had the destination name. */
@@ -226,7 +252,13 @@ export class Deployment {
 
   /** A sparse volume of `size` bytes (a multiple of 4096). */
   async create(name: string, options: CreateOptions): Promise<StoreVolumeInfo> {
-    return this.catalog.create(name, options.size);
+    const c = this.catalog;
+    if (options.expiresInMs !== undefined) {
+      const expiresAt = expiryTime(options.expiresInMs);
+      if (!(c instanceof StoreCatalog)) throw new InvalidArgumentError(`expiry needs an object store (file:DIR, s3://, memory:), not ${this.store}`);
+      return c.create(name, options.size, { expiresAt });
+    }
+    return c.create(name, options.size);
   }
 
   /** Every volume and snapshot (with space accounting unless `accounting: false`). */
@@ -244,10 +276,11 @@ export class Deployment {
   }
 
   /** An O(1) copy-on-write fork of a volume (or NAME@SNAP) at its last acknowledged flush. */
-  async fork(src: string, dst: string, options: LongOperation = {}): Promise<StoreVolumeInfo> {
+  async fork(src: string, dst: string, options: ForkOptions = {}): Promise<StoreVolumeInfo> {
+    const expiresAt = options.expiresInMs !== undefined ? expiryTime(options.expiresInMs) : undefined;
     checkAborted(options.signal, `fork ${src} ${dst}`);
     options.onProgress?.({ operation: 'fork', phase: `forking ${src} into ${dst}` });
-    const v = await this.storeCatalog('fork').fork(src, dst);
+    const v = await this.storeCatalog('fork').fork(src, dst, expiresAt ? { expiresAt } : {});
     options.onProgress?.({ operation: 'fork', phase: 'done', finished: true });
     return v;
   }
@@ -359,6 +392,40 @@ export class Deployment {
     }
   }
 
+  /**
+   * Resize a volume (docs/rfc-lifecycle.md, "Resize"). Growing is allowed at any time: a host
+   * serving the volume gives the new size to connections attached from then on. Shrinking needs
+   * `shrink`, takes the volume's lease (LeaseHeldError while a host serves it) and is refused
+   * while data is mapped past the new end.
+   */
+  async resize(name: string, options: ResizeOptions): Promise<{ name: string; from: number; to: number }> {
+    const what = `resize ${name}`;
+    checkAborted(options.signal, what);
+    const catalog = this.storeCatalog('resize');
+    if (!options.shrink) return catalog.resize(name, options.size);
+    const cur = await catalog.record(name);
+    if (options.size >= cur.size) return catalog.resize(name, options.size);
+    const leases = await this.leaseManager();
+    const lease = await this.leaseForChange(leases, name, `${name} is being served by HOLDER: a volume is shrunk only while nobody serves it (its clients could be writing past the new end); detach them (and shrink the filesystem first), then retry`);
+    try {
+      checkAborted(options.signal, what);
+      return await catalog.resize(name, options.size, {
+        shrink: true,
+        leased: () => { if (lease.validUntil() <= performance.now()) throw new BatonError('BATON_ERR_LEASE_LOST', `${what}: the lease on ${name} expired before the shrink was done; nothing was changed; run it again`); },
+      });
+    } finally {
+      await lease.release().catch(() => {});
+    }
+  }
+
+  /** Set when a volume expires (`inMs` from now), or clear it (`never`). */
+  async expire(name: string, options: ExpireOptions): Promise<{ name: string; expiresAt: string | null }> {
+    if ((options.inMs === undefined) === !options.never) throw new InvalidArgumentError('expire takes either a time (--in 24h) or --never');
+    const expiresAt = options.never ? null : expiryTime(options.inMs!);
+    await this.storeCatalog('expire').setExpiry(name, expiresAt);
+    return { name, expiresAt };
+  }
+
   /** Who serves each volume: holder, token, TTL left, dirty bytes, last flush, hydration. */
   async status(): Promise<LeaseRecord[]> {
     return (await this.leaseManager()).list();
@@ -399,11 +466,18 @@ export class Deployment {
       const exports = new VolumeExports(catalog, { readOnly: false, idleGraceMs: 0, log: this.log, lease: { manager: leases, hostId: this.hostId, onHeld: 'refuse', waitMs: 0 } });
       compacted = await compactIdleVolumes(catalog, exports, { below: options.compactBelow ?? DEFAULT_COMPACT_BELOW, log: this.log });
     }
+    // Expired volumes go first (their data then is garbage like any removed volume's).
+    let expired: ExpiryReport[] = [];
+    if (!options.dryRun) {
+      checkAborted(options.signal, 'gc');
+      options.onProgress?.({ operation: 'gc', phase: 'removing expired volumes nobody serves' });
+      expired = await removeExpired(catalog, { leases: await this.leaseManager(), hostId: this.hostId, log: this.log });
+    }
     checkAborted(options.signal, 'gc');
     options.onProgress?.({ operation: 'gc', phase: 'collecting' });
     const r = await collectGarbage(catalog, { graceMs: options.graceMs ?? DEFAULT_GC_GRACE_MS, dryRun: !!options.dryRun, log: this.log });
     options.onProgress?.({ operation: 'gc', phase: 'done', finished: true });
-    return { ...r, compacted };
+    return { ...r, compacted, expired };
   }
 
   /**
@@ -461,6 +535,12 @@ export class Deployment {
     this.leases = null;
     if (l) await (await l.catch(() => null))?.close();
   }
+}
+
+/** An expiry `ms` from now, as stored (ISO time). */
+function expiryTime(ms: number): string {
+  if (!Number.isFinite(ms) || ms <= 0) throw new InvalidArgumentError(`an expiry must be a positive duration (for example 24h), got ${ms} ms`);
+  return new Date(Date.now() + ms).toISOString();
 }
 
 /** Is the record of `name` gone (a definite "not found")? */

@@ -330,13 +330,23 @@ export class VolumeExports implements ExportProvider {
     const vol = s.volume;
     if (!vol || !this.catalog.record) return true;
     let id: string | null;
+    let size = 0;
     try {
-      id = (await this.catalog.record(s.name)).id;
+      ({ id, size } = await this.catalog.record(s.name));
     } catch (err) {
       if (!(err instanceof NotFoundError)) throw err;
       id = null;
     }
-    if (id === vol.volumeId) return true;
+    if (id === vol.volumeId) {
+      // `baton resize` grew it: this connection (and every later one) gets the new size;
+      // connections attached before keep the size they negotiated. A shrink needs the lease,
+      // so it never happens to a volume served here.
+      if (size > vol.size) {
+        this.opts.log.info({ volume: s.name, from: vol.size, to: size }, 'volume grown in the store: new connections get the new size');
+        vol.grow(size);
+      }
+      return true;
+    }
     const reason = id === null
       ? `volume ${s.name} was removed from ${this.catalog.description} while served here`
       : `volume ${s.name} was removed and created again in ${this.catalog.description} (id ${vol.volumeId} is now ${id}) while served here`;

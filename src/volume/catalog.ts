@@ -14,7 +14,7 @@ import { accountMaps, diffMaps, type MappedExtent, type Range } from '../../cow/
 import type { Logger } from '../log.js';
 import { listAll, type ObjectStore } from '../store/object-store.js';
 import { checkExportName, checkVolumeName, checkVolumeSize, type OpenVolume, type RemoveResult, type VolumeCatalog, type VolumeInfo } from '../volumes.js';
-import { decodeVolumeRecord, encodeVolumeRecord, keys, maxOperationMs, seqFromKey, timeBounds, type VolumeRecord } from './format.js';
+import { decodeAttrsRecord, decodeVolumeRecord, encodeVolumeRecord, keys, type AttrsRecord, maxOperationMs, seqFromKey, timeBounds, type VolumeRecord } from './format.js';
 import { GC_STATE_KEY, decodeGcState } from './gc-state.js';
 import type { HydrateOptions } from './hydrate.js';
 import { mapLimit, Volume, type VolumeOptions } from './volume.js';
@@ -43,6 +43,8 @@ export interface SnapshotOf {
 
 export interface StoreVolumeInfo extends VolumeInfo {
   snapshotOf?: SnapshotOf;
+  /** When it expires (ISO time); GC removes it after that unless a host serves it. */
+  expiresAt?: string;
 }
 
 export interface RemoveOptions {
@@ -85,13 +87,13 @@ export class StoreCatalog implements VolumeCatalog {
   /** The process-wide read cache (made on first use; `serve` makes it at start, so a bad cache directory is reported then, not at every attach). */
   readCache(): Promise<BlockCache> { return this.opts.cache(); }
 
-  async create(name: string, size: number): Promise<VolumeInfo> {
+  async create(name: string, size: number, opts: { expiresAt?: string } = {}): Promise<StoreVolumeInfo> {
     checkVolumeName(name);
     checkVolumeSize(size);
     const rec = await this.landRecord(name, 'create', async () => (
-      { format: 'baton-volume-1', name, id: randomId(this.world, 8), size, createdAt: this.world.wallTime().toISOString() }
+      { format: 'baton-volume-1', name, id: randomId(this.world, 8), size, createdAt: this.world.wallTime().toISOString(), ...(opts.expiresAt ? { expiresAt: opts.expiresAt } : {}) }
     ), 'if it is there, it was created; if not, nothing needs cleaning up');
-    return { name, size, createdAt: rec.createdAt, storedBytes: 0, kind: 'volume' };
+    return { name, size, createdAt: rec.createdAt, storedBytes: 0, kind: 'volume', ...(rec.expiresAt ? { expiresAt: rec.expiresAt } : {}) };
   }
 
   /**
@@ -270,7 +272,7 @@ export class StoreCatalog implements VolumeCatalog {
       // Ambiguous so far: what does the name hold now?
       let holder: string | null;
       try {
-        holder = (await this.record(rec.name)).id;
+        holder = (await this.rawRecord(rec.name)).id;
       } catch (err) {
         if (!(err instanceof NotFoundError)) { ambiguous = err; break; }
         holder = null;
@@ -310,7 +312,7 @@ export class StoreCatalog implements VolumeCatalog {
    * rm sees our record (and keeps the data) or we see the source gone (and undo the fork).
    */
   private async confirmSource(srcName: string, src: VolumeRecord, rec: VolumeRecord): Promise<void> {
-    const still = await this.record(srcName).catch((err) => { if (err instanceof NotFoundError) return null; throw err; });
+    const still = await this.rawRecord(srcName).catch((err) => { if (err instanceof NotFoundError) return null; throw err; });
     if (still && still.id === src.id) return;
     await this.abandon(rec, true, rec.snapshot ? 'snapshot' : 'fork', `lost its source ${srcName}`); // waited out: no late try of our put re-creates it
     throw new NotFoundError(`${srcName} was removed while ${rec.name} was being made from it; nothing was created`);
@@ -322,12 +324,16 @@ export class StoreCatalog implements VolumeCatalog {
    * protected only by GC's grace period (>= 2x maxOperationMs, see gc.ts); an attempt slower
    * than half of that is undone and made again, never trusted (landRecord).
    */
-  private async derive(srcName: string, name: string, snapshot: boolean): Promise<VolumeRecord> {
+  private async derive(srcName: string, name: string, snapshot: boolean, opts: { expiresAt?: string } = {}): Promise<VolumeRecord> {
+    // Its size as it is now (attribute records applied); the largest size its log ever had
+    // goes along, so the fork can replay the source's records up to the fork point.
     const src = await this.record(srcName);
     return this.landRecord(name, snapshot ? 'snapshot' : 'fork', async () => ({
       format: 'baton-volume-1', name, id: randomId(this.world, 8), size: src.size, createdAt: this.world.wallTime().toISOString(), parent: await this.forkPoint(src),
       // A snapshot belongs to one volume identity, not to a name that may be reused.
       ...(snapshot ? { snapshot: true, of: src.id } : {}),
+      ...(src.recoverySize !== undefined && src.recoverySize > src.size ? { recoverySize: src.recoverySize } : {}),
+      ...(opts.expiresAt ? { expiresAt: opts.expiresAt } : {}),
     }),
     // A record that may land after we gave up could land later than GC allows (landRecord).
     `if it is there, remove it (baton rm ${name}) and make it again, since it cannot be trusted against garbage collection; if not, nothing needs cleaning up`,
@@ -341,11 +347,11 @@ export class StoreCatalog implements VolumeCatalog {
   private get world(): World { return this.opts.volume?.world ?? systemWorld; }
 
   /** O(1) fork: a new writable volume whose map starts as SRC's (a volume or NAME@SNAP) at its last acknowledged flush. */
-  async fork(srcName: string, dstName: string): Promise<VolumeInfo> {
+  async fork(srcName: string, dstName: string, opts: { expiresAt?: string } = {}): Promise<StoreVolumeInfo> {
     checkExportName(srcName);
     checkVolumeName(dstName);
-    const rec = await this.derive(srcName, dstName, false);
-    return { name: dstName, size: rec.size, createdAt: rec.createdAt, storedBytes: 0, kind: 'volume', parent: rec.parent! };
+    const rec = await this.derive(srcName, dstName, false, opts);
+    return { name: dstName, size: rec.size, createdAt: rec.createdAt, storedBytes: 0, kind: 'volume', parent: rec.parent!, ...(rec.expiresAt ? { expiresAt: rec.expiresAt } : {}) };
   }
 
   /** A read-only point-in-time snapshot NAME@SNAP of a volume's last acknowledged flush. */
@@ -394,7 +400,7 @@ export class StoreCatalog implements VolumeCatalog {
    * (Deployment.rename); `leased()` throws once they cannot be trusted any more, and is
    * called before each step that changes a name.
    */
-  async rename(from: string, to: string, opts: { replace: boolean; onStep?: (step: string) => void; leased?: () => void }): Promise<{ from: string; to: string; id: string; replaced: { keptForRelatives: boolean; deletedObjects: number } | null }> {
+  async rename(from: string, to: string, opts: { replace: boolean; onStep?: (step: string) => void; leased?: () => void }): Promise<{ from: string; to: string; id: string; expiresAt?: string; replaced: { keptForRelatives: boolean; deletedObjects: number } | null }> {
     this.checkRename(from, to);
     const step = (s: string): void => opts.onStep?.(s);
     const src = await this.record(from);
@@ -426,7 +432,8 @@ export class StoreCatalog implements VolumeCatalog {
     opts.leased?.();
     let rec: VolumeRecord;
     try {
-      rec = await this.derive(from, to, false);
+      // The same volume under another name: its expiry goes with it (derive takes its size).
+      rec = await this.derive(from, to, false, src.expiresAt ? { expiresAt: src.expiresAt } : {});
     } catch (err) {
       if (dst) throw rewrap(err, `the old ${to} was removed, but ${from} could not be given its name (${errorMessage(err)}): ${from} is unchanged; run baton rename ${from} ${to} again (${to} is free now)`);
       throw err;
@@ -440,15 +447,137 @@ export class StoreCatalog implements VolumeCatalog {
     } catch (err) {
       throw rewrap(err, `${errorMessage(err)}; ${both}`);
     }
+    // A grow or expiry change may have landed on `from` after derive read it (a grow takes no
+    // lease). Its write-then-check saw `from`'s name until the delete above, so it landed
+    // before this read: carry it over to `to`, then drop `from`'s attributes.
+    try {
+      const later = await this.effective(src);
+      const change: { size?: number; expiresAt?: string | null } = {};
+      if (later.size > rec.size) change.size = later.size;
+      if ((later.expiresAt ?? null) !== (rec.expiresAt ?? null)) change.expiresAt = later.expiresAt ?? null;
+      if (Object.keys(change).length > 0) await this.putAttrs(to, rec, change);
+      await this.deleteAttrs(src.id);
+    } catch (err) {
+      throw rewrap(err, `${to} now holds ${from}'s data, but a resize or expiry change made to ${from} during the rename may not have reached it (${errorMessage(err)}): check baton info ${to}`);
+    }
     let replaced: { keptForRelatives: boolean; deletedObjects: number } | null = null;
     if (dst) {
       step(`deleting the data of the old ${to}`);
       replaced = await this.deleteDataIfUnused(dst, dstHadDescendants);
     }
-    return { from, to, id: rec.id, replaced };
+    return { from, to, id: rec.id, ...(rec.expiresAt ? { expiresAt: rec.expiresAt } : {}), replaced };
   }
 
+  /**
+   * A volume's record as its size and expiry are now: the record with its attribute records
+   * applied (attrsOf). What every reader of a size uses: serving (NBD_OPT_INFO, the per-attach
+   * check), opening, forking, ls and info. One GET and one LIST.
+   */
   async record(name: string): Promise<VolumeRecord> {
+    return this.effective(await this.rawRecord(name));
+  }
+
+  /** The record with its attribute records applied (see AttrsRecord in format.ts). */
+  async effective(rec: VolumeRecord): Promise<VolumeRecord> {
+    const a = await this.attrsOf(rec);
+    const out: VolumeRecord = { ...rec, size: a.size };
+    if (a.recoverySize > a.size) out.recoverySize = a.recoverySize;
+    if (a.expiresAt) out.expiresAt = a.expiresAt; else delete out.expiresAt;
+    return out;
+  }
+
+  /**
+   * What a record's attribute records make of it: the newest size and expiry each sets (in
+   * position order), the largest size it ever had, and the next free position. Attribute
+   * records are small and few (one per resize or expiry change).
+   */
+  private async attrsOf(rec: VolumeRecord): Promise<{ size: number; expiresAt: string | null; recoverySize: number; next: number }> {
+    const objs = await listAll(this.opts.store, keys.attrsPrefix(rec.id));
+    let size = rec.size;
+    let expiresAt: string | null = rec.expiresAt ?? null;
+    let recoverySize = Math.max(rec.size, rec.recoverySize ?? 0);
+    let next = 1;
+    const bodies = await mapLimit(objs, 8, (o) => this.opts.store.get(o.key).then((b) => decodeAttrsRecord(b, o.key), (err) => {
+      if (err instanceof NotFoundError) return null; // its volume is being removed
+      throw err;
+    }));
+    for (const [i, a] of bodies.entries()) {
+      next = Math.max(next, seqFromKey(objs[i]!.key) + 1);
+      if (!a) continue;
+      if (a.size !== undefined) { size = a.size; recoverySize = Math.max(recoverySize, a.size); }
+      if (a.expiresAt !== undefined) expiresAt = a.expiresAt;
+    }
+    return { size, expiresAt, recoverySize, next };
+  }
+
+  /**
+   * Land an attribute record for `rec` at its next free position (create-only: a 412 means
+   * another change took it; look again and take the next), then check that `name` still names
+   * `rec.id` (write-then-check, as confirmSource; a rename's final re-read of the attributes
+   * is the other half: docs/rfc-lifecycle.md, "Resize", races). Throws if it does not: the
+   * change landed on a volume that was renamed or removed meanwhile.
+   */
+  private async putAttrs(name: string, rec: VolumeRecord, change: Omit<AttrsRecord, 'format' | 'time'>): Promise<void> {
+    const body = Buffer.from(JSON.stringify({ format: 'baton-attrs-1', ...change, time: this.world.wallTime().toISOString() } satisfies AttrsRecord));
+    for (let attempt = 1; ; attempt++) {
+      const { next } = await this.attrsOf(rec);
+      try {
+        await this.opts.store.put(keys.attrs(rec.id, next), body, { ifNoneMatch: true });
+        break;
+      } catch (err) {
+        if (!(err instanceof PreconditionFailedError) || attempt >= 20) throw err;
+      }
+    }
+    const now = await this.recordOrNull(name);
+    if (now?.id !== rec.id) {
+      throw new PreconditionFailedError(`${name} was renamed or removed while it was being changed; see baton ls and baton info: if the volume you meant has another name now, run the command again on that name`);
+    }
+  }
+
+  /**
+   * Resize a volume (docs/rfc-lifecycle.md, "Resize"). Growing needs nothing else; shrinking
+   * (`shrink`) must be done under the volume's lease (the caller holds it, `leased` checks it)
+   * and is refused while data is mapped at or past the new end: the committed map is read
+   * with nobody writing, so the check stays true until the attribute record lands.
+   */
+  async resize(name: string, size: number, opts: { shrink?: boolean; leased?: () => void } = {}): Promise<{ name: string; from: number; to: number }> {
+    checkVolumeName(name);
+    checkVolumeSize(size);
+    const rec = await this.record(name);
+    if (rec.snapshot) throw new InvalidArgumentError(`${name} is a snapshot, which never changes: fork it and resize the fork`);
+    if (size === rec.size) return { name, from: rec.size, to: size };
+    if (size < rec.size) {
+      if (!opts.shrink) throw new InvalidArgumentError(`${name} is ${rec.size} bytes; ${size} would shrink it: add --shrink (refused while data is mapped past the new end)`);
+      const view = await this.openView(rec);
+      let highest = 0;
+      try {
+        await view.forEachCommitted((e) => { if (e.key !== null) highest = Math.max(highest, e.offset + e.length); });
+      } finally {
+        await view.close();
+      }
+      if (highest > size) {
+        throw new InvalidArgumentError(`${name} has data mapped up to byte ${highest}, past the new end ${size}: shrink the filesystem first (resize2fs DEVICE SIZE) and trim what is past the end (fstrim, or blkdiscard --offset ${size}), or pick a size of at least ${highest}`);
+      }
+      opts.leased?.();
+    }
+    await this.putAttrs(name, rec, { size });
+    return { name, from: rec.size, to: size };
+  }
+
+  /** Set (an ISO time) or clear (null) a volume's expiry. */
+  async setExpiry(name: string, expiresAt: string | null): Promise<void> {
+    checkVolumeName(name);
+    const rec = await this.rawRecord(name);
+    await this.putAttrs(name, rec, { expiresAt });
+  }
+
+  /** Delete an id's attribute records (its name is gone; forks carry their own values). */
+  private async deleteAttrs(id: string): Promise<void> {
+    const objs = await listAll(this.opts.store, keys.attrsPrefix(id));
+    await mapLimit(objs, 16, (o) => this.opts.store.delete(o.key));
+  }
+
+  async rawRecord(name: string): Promise<VolumeRecord> {
     checkExportName(name);
     const key = keys.volumeRecord(name);
     try {
@@ -462,7 +591,7 @@ export class StoreCatalog implements VolumeCatalog {
   /** The volume record `name` names, or null if there is none (a definite NotFound, nothing else). */
   private async recordOrNull(name: string): Promise<VolumeRecord | null> {
     try {
-      return await this.record(name);
+      return await this.rawRecord(name);
     } catch (err) {
       if (err instanceof NotFoundError) return null;
       throw err;
@@ -479,10 +608,11 @@ export class StoreCatalog implements VolumeCatalog {
     return { id: snap.of ?? (volume !== null ? volumeNow!.id : null), volume };
   }
 
-  private async describe(rec: VolumeRecord, volumeNow: VolumeRecord | null): Promise<StoreVolumeInfo> {
-    const objs = await listAll(this.opts.store, keys.volumePrefix(rec.id));
+  private async describe(raw: VolumeRecord, volumeNow: VolumeRecord | null): Promise<StoreVolumeInfo> {
+    const [objs, rec] = await Promise.all([listAll(this.opts.store, keys.volumePrefix(raw.id)), this.effective(raw)]);
     return {
       name: rec.name, size: rec.size, createdAt: rec.createdAt, storedBytes: objs.reduce((n, o) => n + o.size, 0),
+      ...(rec.expiresAt ? { expiresAt: rec.expiresAt } : {}),
       kind: rec.snapshot ? 'snapshot' : 'volume', ...(rec.parent ? { parent: rec.parent } : {}),
       ...(rec.snapshot ? { snapshotOf: this.snapshotOf(rec, volumeNow) } : {}),
     };
@@ -495,7 +625,7 @@ export class StoreCatalog implements VolumeCatalog {
   }
 
   async info(name: string): Promise<StoreVolumeInfo> {
-    const rec = await this.record(name);
+    const rec = await this.rawRecord(name);
     return this.describe(rec, rec.snapshot ? await this.recordOrNull(volumeNameOf(name)) : null);
   }
 
@@ -512,7 +642,7 @@ export class StoreCatalog implements VolumeCatalog {
    * objects, which then stay for garbage collection, which knows who still needs them.
    */
   async remove(name: string, opts: RemoveOptions = {}): Promise<StoreRemoveResult> {
-    const rec = await this.record(name);
+    const rec = await this.rawRecord(name);
     const snaps = rec.snapshot ? [] : (await this.allRecords()).filter((r) => isSnapshotOf(r, rec));
     if (snaps.length > 0 && !opts.snapshots) {
       throw new InvalidArgumentError(`volume ${name} has ${snaps.length} snapshot${snaps.length > 1 ? 's' : ''}: ${snaps.map((r) => r.name).join(', ')}; `
@@ -545,6 +675,8 @@ export class StoreCatalog implements VolumeCatalog {
   private async removeRecord(rec: VolumeRecord): Promise<RemoveResult> {
     const before = await this.descendantsBeforeRemoving(rec);
     await this.opts.store.delete(keys.volumeRecord(rec.name));
+    // Nobody reads a nameless id's attributes (forks carry their own size and expiry).
+    await this.deleteAttrs(rec.id);
     return this.deleteDataIfUnused(rec, before);
   }
 
@@ -642,7 +774,7 @@ export class StoreCatalog implements VolumeCatalog {
    * included)? If not, a diff's ranges are simply everything either has written.
    */
   async shareHistory(a: string, b: string): Promise<boolean> {
-    const [ra, rb] = await Promise.all([this.record(a), this.record(b)]);
+    const [ra, rb] = await Promise.all([this.rawRecord(a), this.rawRecord(b)]);
     const [ia, ib] = await Promise.all([this.lineage(ra), this.lineage(rb)]);
     return ia.some((x) => ib.includes(x));
   }
@@ -706,7 +838,7 @@ export class StoreCatalog implements VolumeCatalog {
    * where a record is gone. Only the relatives' maps are loaded.
    */
   async infoWithAccounting(name: string): Promise<StoreVolumeInfo> {
-    const rec = await this.record(name);
+    const rec = await this.rawRecord(name);
     const recs = await this.allRecordsKnown();
     const metas = new Map<string, Promise<VolumeRecord | null>>(recs.map((r) => [r.id, Promise.resolve(r)]));
     const mine = new Set(await this.lineage(rec, metas));
@@ -737,19 +869,20 @@ export class StoreCatalog implements VolumeCatalog {
   async listWithAccounting(): Promise<StoreVolumeInfo[]> {
     const infos = await this.list();
     const maps = new Map<string, MappedExtent[]>();
-    await mapLimit(infos, 4, async (v) => { maps.set(v.name, await this.mappedExtents(await this.record(v.name))); });
+    await mapLimit(infos, 4, async (v) => { maps.set(v.name, await this.mappedExtents(await this.rawRecord(v.name))); });
     const acc = accountMaps(maps);
     return infos.map((v) => ({ ...v, ...acc.get(v.name) }));
   }
 
   /** Load a volume's map without serving it (read-only; no lease, no cache reads). */
   async loadMap(name: string): Promise<Volume> {
-    return this.openView(await this.record(name));
+    return this.openView(await this.rawRecord(name));
   }
 
   /** A read-only view of a record's map, optionally recovered through another store (GC tracks what recovery reads). */
   async openView(rec: VolumeRecord, store: ObjectStore = this.opts.store, quiet = false): Promise<Volume> {
     const log = quiet ? this.opts.log.child({}, { level: 'warn' }) : this.opts.log;
+    rec = await this.effective(rec); // its size now, and the largest its log may name
     return Volume.open(rec, { ...this.opts.volume, store, cache: await this.opts.cache(), log, readOnly: true });
   }
 
@@ -777,7 +910,7 @@ export class StoreCatalog implements VolumeCatalog {
     let stopped = false;
     let view: Volume | null = null;
     const run = async (): Promise<void> => {
-      const rec = await this.record(name);
+      const rec = await this.rawRecord(name);
       if (stopped) return;
       view = await this.openView(rec);
       if (stopped) return;
