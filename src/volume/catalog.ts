@@ -479,6 +479,7 @@ export class StoreCatalog implements VolumeCatalog {
 
   /** The record with its attribute records applied (see AttrsRecord in format.ts). */
   async effective(rec: VolumeRecord): Promise<VolumeRecord> {
+    if (rec.snapshot) return rec; // never resized, never expires: no attribute records to look for
     const a = await this.attrsOf(rec);
     const out: VolumeRecord = { ...rec, size: a.size };
     if (a.recoverySize > a.size) out.recoverySize = a.recoverySize;
