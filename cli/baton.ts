@@ -441,6 +441,64 @@ Examples:
     process.stdout.write(r.expiresAt ? `${name} expires at ${r.expiresAt}\n` : `${name} never expires\n`);
   });
 
+withLease(withStore(program.command('import')
+  .description('make a new volume from a disk image: raw, or qcow2 and other formats through qemu-img; only non-zero data is written')
+  .argument('<name>', 'the new volume')
+  .argument('<file>', 'the image')))
+  .option('--format <format>', 'the image\'s format (default: what qemu-img detects; raw without qemu-img)')
+  .option('--size <size>', 'the volume\'s size (default: the image\'s, rounded up to 4 KiB)', sizeArg)
+  .option('--expires <duration>', 'the new volume expires this long from now: 24h, 90m', expiryArg)
+  .option('--json', 'progress as JSON lines on stderr (also the default when stderr is not a terminal), the result as JSON on stdout')
+  .addHelpText('after', `
+A raw image is read in 1 MiB pieces; pieces that are all zeroes are skipped (a new volume
+reads as zeroes), so a sparse image costs only its data. Other formats are converted to a
+sparse raw file next to the image by qemu-img first. A failed import removes the volume.
+Progress on stderr: a bar on a terminal, JSON lines otherwise:
+{"volume","doneBytes","totalBytes","bytesPerSecond","etaSeconds","elapsedMs","done"}.
+
+Examples:
+  $ baton import base debian-12.raw
+  $ baton import base debian-12-genericcloud-amd64.qcow2 --size 20G
+  $ baton import base disk.img --json 2>progress.jsonl`)
+  .action(async (name: string, file: string, opts: StoreFlags & LeaseFlags & { format?: string; size?: number; expires?: number; json?: boolean }) => {
+    const progress = new Progress(name, opts.json || !process.stderr.isTTY);
+    try {
+      const r = await (await deploymentFor(opts)).importImage(name, file, {
+        ...(opts.format ? { format: opts.format } : {}), ...(opts.size !== undefined ? { size: opts.size } : {}), ...(opts.expires !== undefined ? { expiresInMs: opts.expires } : {}),
+        onProgress: (p: ApiProgress) => progress.update(p),
+      });
+      if (opts.json) { printJson(r); return; }
+      process.stdout.write(`imported ${file} (${r.format}, ${formatSize(r.imageBytes)}) into ${name} (${formatSize(r.size)}): ${formatSize(r.writtenBytes)} of data written in ${(r.ms / 1000).toFixed(1)} s\n`);
+    } finally {
+      progress.stop();
+    }
+  });
+
+withStore(program.command('export')
+  .description('write a volume (or NAME@SNAP) as of its last flush to a disk image: sparse raw, or qcow2 through qemu-img')
+  .argument('<name>')
+  .argument('<file>'))
+  .addOption(new Option('--format <format>', 'the image format').choices(['raw', 'qcow2']).default('raw'))
+  .option('--force', 'overwrite FILE if it exists')
+  .option('--json', 'progress as JSON lines on stderr (also the default when stderr is not a terminal), the result as JSON on stdout')
+  .addHelpText('after', `
+Reads the volume read-only (no lease: it may be served meanwhile; what is exported is its
+last acknowledged flush). Only mapped ranges are written, so holes stay holes.
+
+Examples:
+  $ baton export work work.raw
+  $ baton export work@before before.qcow2 --format qcow2`)
+  .action(async (name: string, file: string, opts: StoreFlags & { format: 'raw' | 'qcow2'; force?: boolean; json?: boolean }) => {
+    const progress = new Progress(name, opts.json || !process.stderr.isTTY);
+    try {
+      const r = await (await deploymentFor(opts)).exportImage(name, file, { format: opts.format, overwrite: !!opts.force, onProgress: (p: ApiProgress) => progress.update(p) });
+      if (opts.json) { printJson(r); return; }
+      process.stdout.write(`exported ${name} (${formatSize(r.size)}) to ${file} (${r.format}): ${formatSize(r.writtenBytes)} of data in ${(r.ms / 1000).toFixed(1)} s\n`);
+    } finally {
+      progress.stop();
+    }
+  });
+
 withStore(program.command('snapshot')
   .description('take a read-only point-in-time snapshot NAME@SNAP (servable read-only, forkable)')
   .argument('<name>', 'volume')

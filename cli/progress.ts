@@ -21,6 +21,7 @@ export class Progress {
     if (this.finished) return;
     if (p.done !== undefined) this.done = p.done;
     if (p.total !== undefined) this.total = p.total;
+    if (this.t0 === 0 && p.total === undefined) return; // a phase without bytes (a conversion): the bar starts with the bytes
     if (this.t0 === 0) {
       this.t0 = performance.now();
       this.timer = setInterval(() => this.draw(false), this.json ? 1000 : 200);

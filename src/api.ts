@@ -46,6 +46,7 @@ import { collectGarbage, DEFAULT_GC_GRACE_MS, type GcResult } from './volume/gc.
 import type { Range } from '../cow/diff.js';
 import type { VolumeCatalog } from './volumes.js';
 import { startServer, type BatonServer, type ServeOptions } from './api-serve.js';
+import { exportImage, importImage, type ExportOptions, type ExportResult, type ImportOptions, type ImportResult } from './api-images.js';
 
 export { AbortedError, BatonError, isBatonError, type BatonErrorCode } from './errors.js';
 export type { StoreVolumeInfo as VolumeInfo, SnapshotOf } from './volume/catalog.js';
@@ -56,6 +57,7 @@ export type { Range } from '../cow/diff.js';
 export type { ListenAddress } from '../nbd/server.js';
 export type { VolumeEvent } from './exports.js';
 export type { BatonServer, ServeOptions, ServerEvents } from './api-serve.js';
+export type { ExportOptions, ExportResult, ImportOptions, ImportResult } from './api-images.js';
 export { parseSize, formatSize } from './size.js';
 
 /** Where the volumes live and how this process takes part. Every field is optional. */
@@ -519,6 +521,19 @@ export class Deployment {
       await client.close();
     }
     return { bytes: total, ms: meter.elapsedMs() };
+  }
+
+  /**
+   * A new volume `name` from a disk image (raw; qcow2 and the other formats qemu-img reads,
+   * when it is installed), writing only the image's non-zero data. Progress in bytes of the image.
+   */
+  async importImage(name: string, file: string, options: ImportOptions = {}): Promise<ImportResult> {
+    return importImage(this, name, file, options);
+  }
+
+  /** Write a volume (or NAME@SNAP) as of its last flush to a sparse raw file (or qcow2). Progress in mapped bytes. */
+  async exportImage(name: string, file: string, options: ExportOptions = {}): Promise<ExportResult> {
+    return exportImage(this, name, file, options);
   }
 
   /**
