@@ -14,33 +14,33 @@ process.emitWarning = ((warning: string | Error, ...rest: unknown[]) => {
   (emitWarning as (...a: unknown[]) => void)(warning, ...rest);
 }) as typeof process.emitWarning;
 
-import { monitorEventLoopDelay } from 'node:perf_hooks';
 import { Command, InvalidArgumentError as CommanderInvalidArgument, Option } from 'commander';
-import { DEFAULT_MAX_CONNECTIONS, NbdServer, type ListenAddress } from '../nbd/server.js';
-import { defaultCacheDir, openCatalog, type CatalogOptions } from '../src/catalog.js';
-import type { CacheStats } from '../src/cache.js';
-import { DEFAULT_RETRY_BUDGET_MS, INTERACTIVE_RETRY_BUDGET_MS } from '../src/store/open.js';
-import { waitForStore } from '../src/store/probe.js';
-import { StoreCatalog, type StoreVolumeInfo } from '../src/volume/catalog.js';
-import type { Logger } from '../src/log.js';
-import { DEFAULT_LISTEN, defaultStoreUrl, isLoopbackHost, isProcessLocalStore, parseListen } from '../src/config.js';
-import { checkServeSecurity, setupServeTls, type ServeSecurityFlags } from '../src/tls-config.js';
-import { BatonError, InvalidArgumentError, NotFoundError, errorMessage, isBatonError } from '../src/errors.js';
+import { DEFAULT_MAX_CONNECTIONS } from '../nbd/server.js';
+import { openDeployment, type Deployment, type Progress as ApiProgress } from '../src/api.js';
+import { VERSION } from '../src/api-serve.js';
+import { defaultCacheDir } from '../src/catalog.js';
+import type { StoreVolumeInfo } from '../src/volume/catalog.js';
+import { DEFAULT_LISTEN, defaultStoreUrl, isProcessLocalStore, parseListen } from '../src/config.js';
+import type { ServeSecurityFlags } from '../src/tls-config.js';
+import { BatonError, errorMessage } from '../src/errors.js';
 import { LOG_LEVELS, makeLogger } from '../src/log.js';
 import { formatSize, formatSizeArg, parseSize } from '../src/size.js';
-import { VolumeExports, defaultHostId, type OnHeld } from '../src/exports.js';
-import { openLeaseManager } from '../src/lease/open.js';
-import { BackgroundMaintenance, DEFAULT_COMPACT_BELOW, compactIdleVolumes, type CompactionReport } from '../src/maintenance.js';
-import { DEFAULT_GC_GRACE_MS, collectGarbage } from '../src/volume/gc.js';
+import { defaultHostId, type OnHeld } from '../src/exports.js';
+import { DEFAULT_COMPACT_BELOW } from '../src/maintenance.js';
+import { DEFAULT_GC_GRACE_MS } from '../src/volume/gc.js';
 import { DEFAULT_HYDRATE_CONCURRENCY, HYDRATE_MODES, type HydrateMode } from '../src/volume/hydrate.js';
-import { NbdClient } from '../nbd/client.js';
-import { createMetricsRegistry, type MetricsSources } from '../src/metrics.js';
-import { MetricsServer, Readiness, parseMetricsAddress } from '../src/metrics-server.js';
-
-const VERSION = '0.1.0';
+import { parseMetricsAddress } from '../src/metrics-server.js';
+import { Progress } from './progress.js';
 
 function sizeArg(v: string): number {
   try { return parseSize(v); } catch (err) { throw new CommanderInvalidArgument(errorMessage(err)); }
+}
+
+/** An expiry: a duration with a unit (24h, 90m, 3600s; a bare number is seconds), in milliseconds. */
+function expiryArg(v: string): number {
+  const m = /^(\d+(?:\.\d+)?)(s|m|h|d)?$/.exec(v.trim());
+  if (!m || Number(m[1]) <= 0) throw new CommanderInvalidArgument(`not a duration: ${v} (examples: 24h, 90m, 7d)`);
+  return Math.round(Number(m[1]) * { s: 1000, m: 60_000, h: 3_600_000, d: 86_400_000 }[(m[2] ?? 's') as 's' | 'm' | 'h' | 'd']);
 }
 
 /** A duration: seconds, or with a unit (500ms, 90s, 10m, 1h). Returns milliseconds. */
@@ -99,11 +99,26 @@ function withStore(cmd: Command): Command {
 }
 
 /**
- * Commands a person waits for give each store operation INTERACTIVE_RETRY_BUDGET_MS, retries
- * included, then fail with a message naming the store and its endpoint; serve chooses its own.
+ * The API deployment the flags name (src/api.ts: commands a person waits for give each store
+ * operation 30 s, retries included, then fail naming the store and its endpoint). Closed when
+ * the command is done.
  */
-function catalogFor(o: StoreFlags, extra: CatalogOptions = {}) {
-  return openCatalog(o.store, { retry: { budgetMs: INTERACTIVE_RETRY_BUDGET_MS }, ...(o.keyFile !== undefined ? { keyFile: o.keyFile } : {}), ...extra, ...(o.endpoint ? { endpoint: o.endpoint } : {}), ...(o.region ? { region: o.region } : {}) });
+async function deploymentFor(o: StoreFlags & Partial<LeaseFlags>, log?: string): Promise<Deployment> {
+  const d = await openDeployment({
+    store: o.store, ...(o.endpoint ? { endpoint: o.endpoint } : {}), ...(o.region ? { region: o.region } : {}),
+    ...(o.redis ? { redis: o.redis } : {}), ...(o.hostId ? { hostId: o.hostId } : {}), ...(o.leaseTtl !== undefined ? { leaseTtlMs: o.leaseTtl * 1000 } : {}),
+    ...(log ? { log: makeLogger(log) } : {}), ...(o.keyFile !== undefined ? { keyFile: o.keyFile } : {}),
+  });
+  opened.push(d);
+  return d;
+}
+const opened: Deployment[] = [];
+
+/** The keys of `o` among `keys` that are set (exactOptionalPropertyTypes: no undefined values). */
+function pick<T extends object, K extends keyof T>(o: T, keys: K[]): Partial<Pick<T, K>> {
+  const out: Partial<Pick<T, K>> = {};
+  for (const k of keys) if (o[k] !== undefined) out[k] = o[k];
+  return out;
 }
 
 /** Aligned columns for humans (stdout); the first row is the header. */
@@ -126,18 +141,13 @@ function volumeJson(v: StoreVolumeInfo): Record<string, unknown> {
     name: v.name, kind: v.kind ?? 'volume', size: v.size, createdAt: v.createdAt, storedBytes: v.storedBytes,
     ...(v.parent ? { parent: v.parent } : {}),
     ...(v.snapshotOf ? { snapshotOf: v.snapshotOf } : {}),
+    ...(v.expiresAt ? { expiresAt: v.expiresAt } : {}),
     ...(v.writtenBytes !== undefined ? { writtenBytes: v.writtenBytes, exclusiveBytes: v.exclusiveBytes, sharedBytes: v.sharedBytes } : {}),
     ...(v.writtenStoredBytes !== undefined ? { writtenStoredBytes: v.writtenStoredBytes, exclusiveStoredBytes: v.exclusiveStoredBytes, sharedStoredBytes: v.sharedStoredBytes } : {}),
     ...(v.data ? { data: v.data } : {}),
   };
 }
 
-/** The engine's catalog, or a clear error for the plain backends. */
-function storeCatalog(o: StoreFlags, what: string, extra: CatalogOptions = {}): StoreCatalog {
-  const c = catalogFor(o, extra);
-  if (!(c instanceof StoreCatalog)) throw new BatonError('BATON_ERR_INVALID_ARGUMENT', `${what} needs an object store (file:DIR, s3://, memory:), not ${o.store}`);
-  return c;
-}
 
 const program = new Command()
   .name('baton')
@@ -228,85 +238,35 @@ Serving over a network (TLS is required off loopback; certificates and keys are 
   $ kill -HUP SERVE_PID                               # after rotating certificates, keys or authz
 See README.md, "Serving over a network", for making certificates and the client commands.`)
   .action(async (opts: StoreFlags & LeaseFlags & ServeSecurityFlags & { listen: string; socket?: string; cacheDir: string; cacheSize: number; readOnly?: boolean; create?: string; size?: number; handshakeTimeout: number; maxConnections: number; idleGrace: number; logLevel: string; onHeld: OnHeld; heldWait: number; gcInterval: number; gcGrace: number; compactBelow: number; statsInterval: number; hydrate: HydrateMode; hydrateConcurrency: number; hydrateMax?: number; metrics?: { host: string; port: number }; compression: 'on' | 'off' }) => {
-    const log = makeLogger(opts.logLevel);
-    // Who may connect is decided, and every TLS/authz file read, before the store is touched
-    // (waiting for a store can take long; a typo in --tls-psk should not).
-    const addr: ListenAddress = opts.socket ? { path: opts.socket } : parseListen(opts.listen);
-    checkServeSecurity(opts, 'path' in addr ? null : addr.host, isLoopbackHost);
-    let provider: VolumeExports | undefined;
-    const security = setupServeTls(opts, () => provider!, opts.handshakeTimeout * 1000);
-    if (opts.size !== undefined && !opts.create) throw new InvalidArgumentError('--size is the size of the volume --create NAME makes; without --create it would do nothing (volumes are made with baton create NAME --size SIZE)');
-    const catalog = catalogFor(opts, { log, cacheDir: opts.cacheDir, cacheSize: opts.cacheSize, retry: { budgetMs: DEFAULT_RETRY_BUDGET_MS }, instrument: !!opts.metrics,
-      ...(opts.compression === 'off' ? { volume: { compress: false } } : {}),
+    if (opts.size !== undefined && !opts.create) throw new BatonError('BATON_ERR_INVALID_ARGUMENT', '--size is the size of the volume --create NAME makes; without --create it would do nothing (volumes are made with baton create NAME --size SIZE)');
+    if (opts.create && opts.size === undefined) throw new BatonError('BATON_ERR_INVALID_ARGUMENT', '--create needs --size (for example --size 10G)');
+    const d = await openDeployment({
+      store: opts.store, ...(opts.endpoint ? { endpoint: opts.endpoint } : {}), ...(opts.region ? { region: opts.region } : {}),
+      ...(opts.redis ? { redis: opts.redis } : {}), hostId: opts.hostId, leaseTtlMs: opts.leaseTtl * 1000,
+      cacheDir: opts.cacheDir, cacheSize: opts.cacheSize, log: makeLogger(opts.logLevel), ...(opts.keyFile !== undefined ? { keyFile: opts.keyFile } : {}),
     });
-    // Metrics first: /healthz answers and /readyz says what it waits for while the store is
-    // probed (which waits for as long as the store does not answer). Filled in as things start.
-    const sources: MetricsSources = { info: { hostId: opts.hostId, store: catalog.description, version: VERSION }, ...(catalog instanceof StoreCatalog ? { store: catalog.store } : {}) };
-    const readiness = new Readiness();
-    readiness.set('store', false, 'waiting for the store to pass its startup probe');
-    readiness.set('listening', false, 'NBD is not listening yet');
-    if (opts.metrics) {
-      const bound = await new MetricsServer(createMetricsRegistry(sources), readiness, log).listen(opts.metrics.host, opts.metrics.port);
-      log.info({ address: bound, paths: ['/metrics', '/healthz', '/readyz'] }, 'metrics listening');
-    }
-    if (catalog instanceof StoreCatalog) {
-      await checkCacheDir(catalog, opts.cacheDir);
-      sources.cache = await catalog.readCache();
-    }
-    if (opts.statsInterval > 0) logProcessStats(opts.statsInterval, log, () => sources.cache?.stats);
-    await probeBeforeServing(catalog, !!opts.readOnly, log);
-    readiness.set('store', true, opts.readOnly || !(catalog instanceof StoreCatalog) ? `${catalog.description} (read-only or plain backend: not probed)` : catalog.description);
-    if (opts.create) {
-      if (opts.size === undefined) throw new BatonError('BATON_ERR_INVALID_ARGUMENT', '--create needs --size (for example --size 10G)');
-      try {
-        const v = await catalog.create(opts.create, opts.size);
-        log.info({ volume: v.name, size: v.size }, 'volume created');
-      } catch (err) {
-        if (!isBatonError(err, 'BATON_ERR_ALREADY_EXISTS')) throw err;
-      }
-    }
-    const leases = catalog instanceof StoreCatalog && !opts.readOnly ? await leaseManagerFor(opts, log) : null;
-    if (leases) readiness.probe('lease', async () => { await leases.ping(); return leases.description; });
-    else readiness.set('lease', true, 'no lease (read-only or plain backend)');
-    const exports = new VolumeExports(catalog, {
-      readOnly: !!opts.readOnly, idleGraceMs: opts.idleGrace * 1000, log, requestStats: !!opts.metrics,
-      hydrate: { mode: opts.hydrate, concurrency: opts.hydrateConcurrency, ...(opts.hydrateMax !== undefined ? { maxBytes: opts.hydrateMax } : {}) },
-      ...(leases ? { lease: { manager: leases, hostId: opts.hostId, onHeld: opts.onHeld, waitMs: opts.heldWait * 1000, address: 'path' in addr ? `unix:${addr.path}` : `${addr.host}:${addr.port}` } } : {}),
+    const server = await d.serve({
+      listen: opts.socket ? { path: opts.socket } : opts.listen, readOnly: !!opts.readOnly,
+      ...(opts.create ? { create: { name: opts.create, size: opts.size! } } : {}),
+      onHeld: opts.onHeld, heldWaitMs: opts.heldWait * 1000, handshakeTimeoutMs: opts.handshakeTimeout * 1000, maxConnections: opts.maxConnections,
+      idleGraceMs: opts.idleGrace * 1000, gcIntervalMs: opts.gcInterval, gcGraceMs: opts.gcGrace, compactBelow: opts.compactBelow,
+      hydrate: opts.hydrate, hydrateConcurrency: opts.hydrateConcurrency, ...(opts.hydrateMax !== undefined ? { hydrateMax: opts.hydrateMax } : {}),
+      statsIntervalMs: opts.statsInterval, ...(opts.metrics ? { metrics: opts.metrics } : {}), compression: opts.compression !== 'off',
+      security: { tls: opts.tls, ...pick(opts, ['tlsCertificates', 'tlsPsk', 'tlsVerifyPeer', 'authz', 'insecure']) },
     });
-    provider = exports;
-    const server = new NbdServer(exports, {
-      log, handshakeTimeoutMs: opts.handshakeTimeout * 1000, maxConnections: opts.maxConnections,
-      ...(security.tls ? { tls: security.tls } : {}), ...(security.exportsFor ? { exportsFor: security.exportsFor } : {}),
-    });
-    exports.setDisconnector((name) => server.disconnectExport(name));
-    const bound = await server.listen(addr);
-    const uri = 'path' in bound ? `nbd+unix:///NAME?socket=${bound.path}` : `nbd://${bound.host.includes(':') ? `[${bound.host}]` : bound.host}:${bound.port}/NAME`;
-    log.info({ address: bound, store: catalog.description, uri: opts.tls === 'off' ? uri : uri.replace(/^nbd/, 'nbds'), hostId: opts.hostId, lease: leases?.description ?? 'none (read-only or plain backend)', ...security.describe() }, 'listening');
-    if (opts.insecure && !('path' in bound) && !isLoopbackHost(bound.host) && opts.tls !== 'require') {
-      log.warn({ address: bound, tls: opts.tls }, '--insecure: serving to the network without requiring TLS; every host that can reach this address may read and write every volume');
-    }
-    const maintenance = catalog instanceof StoreCatalog && !opts.readOnly
-      ? new BackgroundMaintenance(catalog, exports, { intervalMs: opts.gcInterval, graceMs: opts.gcGrace, compactBelow: opts.compactBelow, log })
-      : null;
-    maintenance?.start();
-    Object.assign(sources, { volumes: exports, nbd: server, maintenance });
-    readiness.set('listening', true, uri);
     let stopping = false;
     const stop = async (signal: string): Promise<void> => {
       if (stopping) return;
       stopping = true;
-      readiness.set('listening', false, 'shutting down');
-      log.info({ signal }, 'shutting down: finishing requests and flushing volumes');
-      await maintenance?.stop();
+      d.log.info({ signal }, 'signal');
       await server.close();
-      await exports.close();
-      await leases?.close();
+      await d.close();
       process.exit(0);
     };
     process.on('SIGINT', () => void stop('SIGINT'));
     process.on('SIGTERM', () => void stop('SIGTERM'));
     // Certificate, key and authz rotation without dropping clients (without TLS SIGHUP keeps its default: exit).
-    if (security.tls) process.on('SIGHUP', () => security.reload(log));
+    if (opts.tls !== 'off') process.on('SIGHUP', () => server.reloadTls());
   });
 
 withStore(program.command('create')
@@ -316,10 +276,12 @@ withStore(program.command('create')
   .addOption(new Option('--compression <codec>', 'compress its data (per 32 KiB frame; frames that do not shrink are stored as they are)').choices(['lz4', 'none']).default('lz4'))
   .option('--encrypt', 'encrypt its data at rest (AES-256-GCM) with a data key of its own, wrapped by the master key (--key-file)')
   .addOption(new Option('--data-format <format>', 'framed (checksummed frames) or raw (the layout before frames: no checksums; tests and benchmarks)').choices(['framed', 'raw']).default('framed').hideHelp())
+  .option('--expires <duration>', 'remove it this long from now (baton gc, or serve\'s background pass, removes it once nobody serves it): 24h, 90m', expiryArg)
   .option('--json', 'print the new volume as JSON')
   .addHelpText('after', `
 Examples:
   $ baton create work --size 10G
+  $ baton create scratch --size 512M --expires 24h
   $ baton create scratch --size 512M --store file:/tmp/baton --json
   $ head -c 32 /dev/urandom > ~/.baton.key && chmod 600 ~/.baton.key
   $ baton create secret --size 10G --encrypt --key-file ~/.baton.key
@@ -329,8 +291,8 @@ data. An encrypted volume (and every fork of it: forks get a data key of their o
 needs the key too, from BATON_KEY_FILE or BATON_KEY) is served only by a process given its
 master key: baton serve --key-file FILE. Metadata (names, sizes, which ranges were written,
 compressed sizes, timing) is not encrypted.`)
-  .action(async (name: string, opts: StoreFlags & { size: number; json?: boolean; compression: 'lz4' | 'none'; encrypt?: boolean; dataFormat: 'framed' | 'raw' }) => {
-    const v = await catalogFor(opts).create(name, opts.size, { compression: opts.compression, encrypt: !!opts.encrypt, format: opts.dataFormat });
+  .action(async (name: string, opts: StoreFlags & { size: number; expires?: number; json?: boolean; compression: 'lz4' | 'none'; encrypt?: boolean; dataFormat: 'framed' | 'raw' }) => {
+    const v = await (await deploymentFor(opts)).create(name, { size: opts.size, ...(opts.expires !== undefined ? { expiresInMs: opts.expires } : {}), compression: opts.compression, encrypt: !!opts.encrypt, dataFormat: opts.dataFormat });
     // memory: and ram: live in this process: the volume is gone as soon as we exit.
     const gone = isProcessLocalStore(opts.store)
       ? `${opts.store} keeps volumes only while the process that made them runs, so ${v.name} is gone now that baton create exits; `
@@ -346,12 +308,11 @@ withStore(program.command('ls')
   .option('--json', 'print a JSON array')
   .addHelpText('after', '\nExamples:\n  $ baton ls\n  $ baton ls --json | jq -r \'.[].name\'')
   .action(async (opts: StoreFlags & { json?: boolean }) => {
-    const c = catalogFor(opts);
-    const vols = c instanceof StoreCatalog ? await c.listWithAccounting() : await c.list();
+    const vols = await (await deploymentFor(opts)).list();
     if (opts.json) { printJson(vols.map(volumeJson)); return; }
     if (vols.length === 0) { process.stdout.write(`no volumes in ${opts.store} (create one: baton create NAME --size 10G)\n`); return; }
     const fmt = (n: number | undefined): string => (n === undefined ? '-' : formatSize(n));
-    printTable([['NAME', 'SIZE', 'STORED', 'WRITTEN', 'EXCLUSIVE', 'SHARED', 'CREATED'], ...vols.map((v: StoreVolumeInfo) => [displayName(v), formatSize(v.size), formatSize(v.storedBytes), fmt(v.writtenBytes), fmt(v.exclusiveBytes), fmt(v.sharedBytes), v.createdAt])]);
+    printTable([['NAME', 'SIZE', 'STORED', 'WRITTEN', 'EXCLUSIVE', 'SHARED', 'CREATED', 'EXPIRES'], ...vols.map((v: StoreVolumeInfo) => [displayName(v), formatSize(v.size), formatSize(v.storedBytes), fmt(v.writtenBytes), fmt(v.exclusiveBytes), fmt(v.sharedBytes), v.createdAt, v.expiresAt ?? '-'])]);
   });
 
 withStore(program.command('info')
@@ -360,8 +321,7 @@ withStore(program.command('info')
   .option('--json', 'print JSON')
   .addHelpText('after', '\nExamples:\n  $ baton info work\n  $ baton info work --json')
   .action(async (name: string, opts: StoreFlags & { json?: boolean }) => {
-    const c = catalogFor(opts);
-    const v: StoreVolumeInfo = c instanceof StoreCatalog ? await c.infoWithAccounting(name) : await c.info(name);
+    const v = await (await deploymentFor(opts)).info(name);
     if (opts.json) { printJson(volumeJson(v)); return; }
     const stored = (n: number | undefined): string => (n === undefined ? '' : ` (${formatSize(n)} stored)`);
     const lines = [
@@ -375,6 +335,7 @@ withStore(program.command('info')
       ...(v.data ? [`data:      ${v.data.format}, compression ${v.data.compression}${v.data.encrypted ? `, encrypted (master key id ${v.data.keyId})` : ''}`] : []),
       ...(v.parent ? [`forked:    from volume id ${v.parent.id} at log record ${v.parent.seq}`] : []),
       `created:   ${v.createdAt}`,
+      ...(v.expiresAt ? [`expires:   ${v.expiresAt} (baton gc removes it then unless a host serves it; baton expire ${v.name} --never keeps it)`] : []),
       `store:     ${opts.store}`,
     ];
     process.stdout.write(lines.join('\n') + '\n');
@@ -396,47 +357,20 @@ Examples:
   $ baton rm work --snapshots
   $ baton rm work --redis redis://10.0.0.5:6379`)
   .action(async (name: string, opts: StoreFlags & LeaseFlags & { force?: boolean; snapshots?: boolean }) => {
-    const catalog = catalogFor(opts);
-    // Snapshots are served read-only, without a lease.
-    const leases = name.includes('@') ? null : await leaseManagerFor(opts);
-    try {
-      const held = leases ? await leases.inspect(name) : null;
-      if (held?.holder && !opts.force) throw new BatonError('BATON_ERR_LEASE_HELD', `volume ${name} is being served by ${held.holder}; detach its clients (the lease is given back after --idle-grace) or hand it over, then retry; --force removes it anyway (and breaks that host's lease)`);
-      let r;
-      try {
-        r = catalog instanceof StoreCatalog ? await catalog.remove(name, { snapshots: !!opts.snapshots }) : { ...(await catalog.remove(name)), removedSnapshots: [] };
-      } finally {
-        // --force: break the lease once the record is gone (also if rm failed after that), not
-        // before: the holder, fenced, must find nothing to reopen under that name. Without it,
-        // a host serving a removed volume would go on serving its old bytes under that name.
-        if (opts.force && leases && await isGone(catalog, name)) {
-          const revoked = await leases.revoke(name);
-          if (revoked) process.stdout.write(`broke the lease ${held?.holder ? `of ${held.holder} ` : ''}on ${name}: that host notices at its next lease renewal (within ${opts.leaseTtl} s of the lease TTL), stops serving it and disconnects its clients\n`);
-        }
-      }
-      if (r.removedSnapshots.length > 0) process.stdout.write(`removed snapshot${r.removedSnapshots.length > 1 ? 's' : ''} ${r.removedSnapshots.join(', ')}\n`);
-      process.stdout.write(r.keptForRelatives
-        ? `removed ${name}; its data stays in the store because forks or snapshots still use it\n`
-        : `removed ${name}\n`);
-    } finally {
-      await leases?.close();
-    }
+    const d = await deploymentFor(opts);
+    const r = await d.rm(name, { snapshots: !!opts.snapshots, force: !!opts.force });
+    if (r.revokedLease) process.stdout.write(`broke the lease ${r.brokeLeaseOf ? `of ${r.brokeLeaseOf} ` : ''}on ${name}: that host notices at its next lease renewal (within ${opts.leaseTtl} s of the lease TTL), stops serving it and disconnects its clients\n`);
+    if (r.removedSnapshots.length > 0) process.stdout.write(`removed snapshot${r.removedSnapshots.length > 1 ? 's' : ''} ${r.removedSnapshots.join(', ')}\n`);
+    process.stdout.write(r.keptForRelatives
+      ? `removed ${name}; its data stays in the store because forks or snapshots still use it\n`
+      : `removed ${name}\n`);
   });
-
-/** Is the record of `name` gone (a definite "not found")? */
-async function isGone(catalog: { info(name: string): Promise<unknown> }, name: string): Promise<boolean> {
-  try {
-    await catalog.info(name);
-    return false;
-  } catch (err) {
-    return err instanceof NotFoundError;
-  }
-}
 
 withStore(program.command('fork')
   .description('fork a volume (or NAME@SNAP) into a new writable volume, in O(1): no data is copied')
   .argument('<src>', 'volume or snapshot to fork')
   .argument('<dst>', 'name of the new volume'))
+  .option('--expires <duration>', 'the fork is removed this long from now unless a host serves it then (an abandoned attempt): 24h, 90m', expiryArg)
   .option('--json', 'print the new volume as JSON')
   .addHelpText('after', `
 The fork starts at the source's last acknowledged flush, even while the source is served and
@@ -445,12 +379,142 @@ unflushed. Parent and fork then diverge independently and share unchanged data.
 
 Examples:
   $ baton fork work attempt-1
+  $ baton fork work attempt-2 --expires 24h           # gone tomorrow unless kept (baton expire attempt-2 --never)
   $ baton fork work@before-upgrade rollback`)
-  .action(async (src: string, dst: string, opts: StoreFlags & { json?: boolean }) => {
+  .action(async (src: string, dst: string, opts: StoreFlags & { expires?: number; json?: boolean }) => {
     const t0 = performance.now();
-    const v = await storeCatalog(opts, 'fork').fork(src, dst);
+    const v = await (await deploymentFor(opts)).fork(src, dst, opts.expires !== undefined ? { expiresInMs: opts.expires } : {});
     if (opts.json) printJson({ ...volumeJson(v), ms: Math.round(performance.now() - t0) });
     else process.stdout.write(`forked ${src} into ${dst} (at log record ${v.parent?.seq ?? 0}) in ${Math.round(performance.now() - t0)} ms\n`);
+  });
+
+withLease(withStore(program.command('rename')
+  .description('give a volume another name; with --replace, make it THE volume of that name (promote an attempt)')
+  .argument('<from>', 'volume to rename')
+  .argument('<to>', 'its new name')))
+  .option('--replace', 'if <to> exists, remove it and put <from> in its place (its data stays while forks or snapshots use it)')
+  .option('--force', 'with --replace: even if a host serves <to>: its lease is broken, it drops the old volume like a removed one and disconnects its clients')
+  .option('--json', 'print the result as JSON')
+  .addHelpText('after', `
+Both names are leased while the rename runs, as an attach would lease them: a served <from>
+is refused (detach its clients or hand it over first), and so is a served <to> unless
+--force. Renaming onto an existing name is refused without --replace. Nobody ever sees a
+mix of the two volumes: each name names one whole volume at every moment, or (for a moment
+during --replace) none. The renamed volume is an O(1) fork of <from> under the new name (it
+gets a new id; no data is copied). Snapshots are named after their volume: a volume with
+snapshots is not renamed (remove them, or fork instead). See docs/rfc-lifecycle.md.
+
+Examples:
+  $ baton rename scratch notes
+  $ baton rename try-2 work --replace              # the attempt that worked becomes the workspace
+  $ baton rename try-2 work --replace --force --redis redis://10.0.0.5:6379`)
+  .action(async (from: string, to: string, opts: StoreFlags & LeaseFlags & { replace?: boolean; force?: boolean; json?: boolean }) => {
+    if (opts.force && !opts.replace) throw new BatonError('BATON_ERR_INVALID_ARGUMENT', '--force only makes sense with --replace (it breaks the lease of the host serving the volume being replaced)');
+    const r = await (await deploymentFor(opts)).rename(from, to, { replace: !!opts.replace, force: !!opts.force });
+    if (opts.json) { printJson(r); return; }
+    if (r.expiresAt) process.stderr.write(`baton: note: ${to} expires at ${r.expiresAt}, as ${from} did; keep it with: baton expire ${to} --never\n`);
+    if (r.replaced?.brokeLeaseOf) process.stdout.write(`broke the lease of ${r.replaced.brokeLeaseOf} on ${to}: it drops the old ${to} and disconnects its clients; they reattach to the new one\n`);
+    process.stdout.write(r.replaced
+      ? `replaced ${to} with ${from}${r.replaced.keptForRelatives ? `; the old ${to}'s data stays in the store because forks or snapshots still use it` : ''}\n`
+      : `renamed ${from} to ${to}\n`);
+  });
+
+withLease(withStore(program.command('resize')
+  .description('change a volume\'s size: grow it (also while it is served), or shrink it with --shrink')
+  .argument('<name>')))
+  .requiredOption('--size <size>', 'the new size, e.g. 20G', sizeArg)
+  .option('--shrink', 'allow a smaller size: refused while a host serves the volume, and while data is mapped past the new end')
+  .option('--json', 'print the result as JSON')
+  .addHelpText('after', `
+Growing needs nothing else: a host serving the volume gives the new size to connections that
+attach from then on (a connection keeps the size it attached with). A kernel client sees it
+after reconnecting (nbd-client -d /dev/nbd0, then attach again; or, where the kernel and
+nbd-client support it, nbd-client's resize); then grow the filesystem: resize2fs /dev/nbd0.
+Shrinking is refused unless nothing is mapped past the new end: shrink the filesystem first
+(resize2fs DEVICE SIZE) and trim the rest (fstrim, blkdiscard).
+
+Examples:
+  $ baton resize work --size 20G
+  $ baton resize scratch --size 1G --shrink`)
+  .action(async (name: string, opts: StoreFlags & LeaseFlags & { size: number; shrink?: boolean; json?: boolean }) => {
+    const r = await (await deploymentFor(opts)).resize(name, { size: opts.size, shrink: !!opts.shrink });
+    if (opts.json) { printJson(r); return; }
+    process.stdout.write(r.from === r.to
+      ? `${name} is already ${formatSize(r.to)}\n`
+      : `resized ${name} from ${formatSize(r.from)} to ${formatSize(r.to)}${r.to > r.from ? '; clients that attach from now on see the new size (reconnect a kernel client, then resize2fs)' : ''}\n`);
+  });
+
+withStore(program.command('expire')
+  .description('set when a volume expires (baton gc removes it then, unless a host serves it), or keep it for good')
+  .argument('<name>'))
+  .option('--in <duration>', 'expire this long from now: 24h, 90m, 7d', expiryArg)
+  .option('--never', 'never expire (clears the expiry)')
+  .addHelpText('after', `
+Examples:
+  $ baton expire try-2 --never        # the attempt that worked: keep it
+  $ baton expire scratch --in 2h`)
+  .action(async (name: string, opts: StoreFlags & { in?: number; never?: boolean }) => {
+    if ((opts.in === undefined) === !opts.never) throw new BatonError('BATON_ERR_INVALID_ARGUMENT', 'give either --in DURATION or --never');
+    const r = await (await deploymentFor(opts)).expire(name, opts.never ? { never: true } : { inMs: opts.in! });
+    process.stdout.write(r.expiresAt ? `${name} expires at ${r.expiresAt}\n` : `${name} never expires\n`);
+  });
+
+withLease(withStore(program.command('import')
+  .description('make a new volume from a disk image: raw, or qcow2 and other formats through qemu-img; only non-zero data is written')
+  .argument('<name>', 'the new volume')
+  .argument('<file>', 'the image')))
+  .option('--format <format>', 'the image\'s format (default: what qemu-img detects; raw without qemu-img)')
+  .option('--size <size>', 'the volume\'s size (default: the image\'s, rounded up to 4 KiB)', sizeArg)
+  .option('--expires <duration>', 'the new volume expires this long from now: 24h, 90m', expiryArg)
+  .option('--json', 'progress as JSON lines on stderr (also the default when stderr is not a terminal), the result as JSON on stdout')
+  .addHelpText('after', `
+A raw image is read in 1 MiB pieces; pieces that are all zeroes are skipped (a new volume
+reads as zeroes), so a sparse image costs only its data. Other formats are converted to a
+sparse raw file next to the image by qemu-img first. A failed import removes the volume.
+Progress on stderr: a bar on a terminal, JSON lines otherwise:
+{"volume","doneBytes","totalBytes","bytesPerSecond","etaSeconds","elapsedMs","done"}.
+
+Examples:
+  $ baton import base debian-12.raw
+  $ baton import base debian-12-genericcloud-amd64.qcow2 --size 20G
+  $ baton import base disk.img --json 2>progress.jsonl`)
+  .action(async (name: string, file: string, opts: StoreFlags & LeaseFlags & { format?: string; size?: number; expires?: number; json?: boolean }) => {
+    const progress = new Progress(name, opts.json || !process.stderr.isTTY);
+    try {
+      const r = await (await deploymentFor(opts)).importImage(name, file, {
+        ...(opts.format ? { format: opts.format } : {}), ...(opts.size !== undefined ? { size: opts.size } : {}), ...(opts.expires !== undefined ? { expiresInMs: opts.expires } : {}),
+        onProgress: (p: ApiProgress) => progress.update(p),
+      });
+      if (opts.json) { printJson(r); return; }
+      process.stdout.write(`imported ${file} (${r.format}, ${formatSize(r.imageBytes)}) into ${name} (${formatSize(r.size)}): ${formatSize(r.writtenBytes)} of data written in ${(r.ms / 1000).toFixed(1)} s\n`);
+    } finally {
+      progress.stop();
+    }
+  });
+
+withStore(program.command('export')
+  .description('write a volume (or NAME@SNAP) as of its last flush to a disk image: sparse raw, or qcow2 through qemu-img')
+  .argument('<name>')
+  .argument('<file>'))
+  .addOption(new Option('--format <format>', 'the image format').choices(['raw', 'qcow2']).default('raw'))
+  .option('--force', 'overwrite FILE if it exists')
+  .option('--json', 'progress as JSON lines on stderr (also the default when stderr is not a terminal), the result as JSON on stdout')
+  .addHelpText('after', `
+Reads the volume read-only (no lease: it may be served meanwhile; what is exported is its
+last acknowledged flush). Only mapped ranges are written, so holes stay holes.
+
+Examples:
+  $ baton export work work.raw
+  $ baton export work@before before.qcow2 --format qcow2`)
+  .action(async (name: string, file: string, opts: StoreFlags & { format: 'raw' | 'qcow2'; force?: boolean; json?: boolean }) => {
+    const progress = new Progress(name, opts.json || !process.stderr.isTTY);
+    try {
+      const r = await (await deploymentFor(opts)).exportImage(name, file, { format: opts.format, overwrite: !!opts.force, onProgress: (p: ApiProgress) => progress.update(p) });
+      if (opts.json) { printJson(r); return; }
+      process.stdout.write(`exported ${name} (${formatSize(r.size)}) to ${file} (${r.format}): ${formatSize(r.writtenBytes)} of data in ${(r.ms / 1000).toFixed(1)} s\n`);
+    } finally {
+      progress.stop();
+    }
   });
 
 withStore(program.command('snapshot')
@@ -464,7 +528,7 @@ Examples:
   $ nbdinfo nbd://127.0.0.1/work@before-upgrade      # served read-only
   $ baton fork work@before-upgrade rollback`)
   .action(async (name: string, snap: string, opts: StoreFlags & { json?: boolean }) => {
-    const v = await storeCatalog(opts, 'snapshot').snapshot(name, snap);
+    const v = await (await deploymentFor(opts)).snapshot(name, snap);
     if (opts.json) printJson(volumeJson(v));
     else process.stdout.write(`snapshot ${v.name} taken (log record ${v.parent?.seq ?? 0})\n`);
   });
@@ -476,9 +540,7 @@ withStore(program.command('diff')
   .option('--json', 'print JSON')
   .addHelpText('after', '\nExamples:\n  $ baton diff work attempt-1\n  $ baton diff work@monday work --json')
   .action(async (a: string, b: string, opts: StoreFlags & { json?: boolean }) => {
-    const c = storeCatalog(opts, 'diff');
-    const [ranges, sharedHistory] = await Promise.all([c.diff(a, b), c.shareHistory(a, b)]);
-    const total = ranges.reduce((n, r) => n + r.length, 0);
+    const { ranges, sharedHistory, differentBytes: total } = await (await deploymentFor(opts)).diff(a, b);
     if (opts.json) { printJson({ a, b, sharedHistory, differentBytes: total, ranges }); return; }
     for (const r of ranges) process.stdout.write(`${r.offset}\t${r.length}\n`);
     // Without a common ancestor the ranges are just everything either one has written.
@@ -487,11 +549,6 @@ withStore(program.command('diff')
   });
 
 interface LeaseFlags { redis?: string; leaseTtl: number; hostId: string }
-
-/** The lease manager the options name: Redis, or lease files next to a local store. */
-function leaseManagerFor(o: StoreFlags & LeaseFlags, log?: Logger) {
-  return openLeaseManager({ storeUrl: o.store, ttlMs: o.leaseTtl * 1000, ...(o.redis ? { redis: o.redis } : {}), ...(log ? { log } : {}) });
-}
 
 function withLease(cmd: Command): Command {
   return cmd
@@ -522,20 +579,13 @@ Examples:
   $ baton gc --compact --redis redis://10.0.0.5:6379
   $ baton gc --grace 2h --json`)
   .action(async (opts: StoreFlags & LeaseFlags & { grace: number; dryRun?: boolean; compact?: boolean; compactBelow: number; json?: boolean; logLevel: string }) => {
-    const log = makeLogger(opts.logLevel);
-    const catalog = storeCatalog(opts, 'gc', { log });
-    let compacted: CompactionReport[] = [];
-    if (opts.compact && !opts.dryRun) {
-      const leases = await leaseManagerFor(opts, log);
-      try {
-        const exports = new VolumeExports(catalog, { readOnly: false, idleGraceMs: 0, log, lease: { manager: leases, hostId: opts.hostId, onHeld: 'refuse', waitMs: 0 } });
-        compacted = await compactIdleVolumes(catalog, exports, { below: opts.compactBelow, log });
-      } finally {
-        await leases.close();
-      }
-    }
-    const r = await collectGarbage(catalog, { graceMs: opts.grace, dryRun: !!opts.dryRun, log });
+    const { compacted, ...r } = await (await deploymentFor(opts, opts.logLevel)).gc({ graceMs: opts.grace, dryRun: !!opts.dryRun, compact: !!opts.compact, compactBelow: opts.compactBelow });
     if (opts.json) { printJson({ ...r, compacted }); return; }
+    for (const e of r.expired) {
+      process.stdout.write(e.removed
+        ? `removed expired ${e.name} (expired ${e.expiresAt})${e.keptForRelatives ? '; its data stays because forks or snapshots use it' : ''}\n`
+        : `expired ${e.name} (${e.expiresAt}) not removed: ${e.skipped}\n`);
+    }
     for (const c of compacted) {
       process.stdout.write(c.result
         ? `compacted ${c.name}: rewrote ${formatSize(c.result.rewrittenBytes)} live of ${c.result.objects} objects (${formatSize(c.result.objectBytes)})\n`
@@ -566,22 +616,8 @@ Examples:
   $ baton handoff work --to host-b --redis redis://10.0.0.5:6379
   # then attach on host-b: nbd-client -N work host-b 10809 /dev/nbd0`)
   .action(async (name: string, opts: StoreFlags & LeaseFlags & { to: string; wait: number }) => {
-    const leases = await leaseManagerFor(opts);
-    try {
-      const t0 = performance.now();
-      await leases.requestHandoff(name, opts.to);
-      const deadline = Date.now() + opts.wait * 1000;
-      for (;;) {
-        const l = await leases.inspect(name);
-        // Done once it is free, reserved for the new host, or already taken by it.
-        if (!l || !l.holder || l.reservedFor === opts.to || l.holder === opts.to) break;
-        if (Date.now() > deadline) throw new BatonError('BATON_ERR_TIMEOUT', `${l.holder} did not release ${name} within ${opts.wait} s; it may be flushing a lot of data, or unable to reach the store (see its log)`);
-        await new Promise((r) => setTimeout(r, 20));
-      }
-      process.stdout.write(`volume ${name} released for ${opts.to} in ${Math.round(performance.now() - t0)} ms; attach it there\n`);
-    } finally {
-      await leases.close();
-    }
+    const { ms } = await (await deploymentFor(opts)).handoff(name, opts.to, { waitMs: opts.wait * 1000 });
+    process.stdout.write(`volume ${name} released for ${opts.to} in ${ms} ms; attach it there\n`);
   });
 
 withStore(program.command('prefetch')
@@ -605,78 +641,16 @@ Examples:
   $ baton prefetch work --all --socket /run/baton.sock
   $ baton prefetch work --json --store s3://b/p --endpoint http://10.0.0.5:7480`)
   .action(async (name: string, opts: StoreFlags & { socket?: string; listen: string; all?: boolean; concurrency: number; json?: boolean }) => {
-    const catalog = storeCatalog(opts, 'prefetch');
-    const view = await catalog.loadMap(name);
-    let ranges: { offset: number; length: number }[];
+    const progress = new Progress(name, opts.json || !process.stderr.isTTY);
     try {
-      ranges = view.hydrationPlan(opts.all ? 'all' : 'working-set');
-    } finally {
-      await view.close();
-    }
-    // CACHE requests of at most 4 MiB: the server warms each one piece at a time, so requests
-    // in flight are what makes its GETs parallel.
-    const PIECE = 4 * 1024 * 1024;
-    const pieces: { offset: number; length: number }[] = [];
-    for (const r of ranges) for (let o = r.offset; o < r.offset + r.length; o += PIECE) pieces.push({ offset: o, length: Math.min(PIECE, r.offset + r.length - o) });
-    const total = pieces.reduce((n, p) => n + p.length, 0);
-    const progress = new Progress(name, total, opts.json || !process.stderr.isTTY);
-    const addr: ListenAddress = opts.socket ? { path: opts.socket } : parseListen(opts.listen);
-    const client = await NbdClient.connect(addr, name);
-    try {
-      progress.start();
-      let next = 0;
-      await Promise.all(Array.from({ length: Math.min(opts.concurrency, pieces.length) }, async () => {
-        while (next < pieces.length) {
-          const p = pieces[next++]!;
-          await client.cache(p.offset, p.length);
-          progress.add(p.length);
-        }
-      }));
-      progress.finish();
+      await (await deploymentFor(opts)).prefetch(name, {
+        address: opts.socket ? { path: opts.socket } : parseListen(opts.listen), all: !!opts.all, concurrency: opts.concurrency,
+        onProgress: (p: ApiProgress) => progress.update(p),
+      });
     } finally {
       progress.stop();
-      await client.close();
     }
   });
-
-/**
- * Progress of `baton prefetch` on stderr: a bar redrawn in place with \r on a terminal (bytes,
- * rate, ETA), or a JSON line per second and one at the end.
- */
-class Progress {
-  private done = 0;
-  private t0 = 0;
-  private timer: NodeJS.Timeout | null = null;
-  constructor(private readonly volume: string, private readonly total: number, private readonly json: boolean) {}
-
-  start(): void {
-    this.t0 = performance.now();
-    this.timer = setInterval(() => this.draw(false), this.json ? 1000 : 200);
-    this.draw(false);
-  }
-
-  add(n: number): void { this.done += n; }
-
-  finish(): void { this.draw(true); }
-
-  stop(): void { if (this.timer) clearInterval(this.timer); this.timer = null; }
-
-  private draw(last: boolean): void {
-    const ms = performance.now() - this.t0;
-    const rate = ms > 0 ? this.done / (ms / 1000) : 0;
-    const eta = rate > 0 ? (this.total - this.done) / rate : null;
-    if (this.json) {
-      process.stderr.write(JSON.stringify({ volume: this.volume, doneBytes: this.done, totalBytes: this.total, bytesPerSecond: Math.round(rate), etaSeconds: eta === null ? null : Math.round(eta * 10) / 10, elapsedMs: Math.round(ms), done: last }) + '\n');
-      return;
-    }
-    const frac = this.total > 0 ? this.done / this.total : 1;
-    const width = 30;
-    const filled = Math.round(frac * width);
-    const bar = '#'.repeat(filled) + '.'.repeat(width - filled);
-    const etaText = last ? `in ${(ms / 1000).toFixed(1)}s` : eta === null ? 'ETA -' : `ETA ${Math.ceil(eta)}s`;
-    process.stderr.write(`\r${this.volume} [${bar}] ${(frac * 100).toFixed(0).padStart(3)}% ${formatSize(this.done)}/${formatSize(this.total)} ${formatSize(Math.round(rate))}/s ${etaText}\x1b[K${last ? '\n' : ''}`);
-  }
-}
 
 /** `baton status`'s HYDRATION column: "done 212M (working-set)", "running 85M/212M", "-". */
 function hydrationText(h: { mode: string; state: string; fetchedBytes: number; plannedBytes: number; planned: boolean } | undefined): string {
@@ -691,85 +665,21 @@ withLease(withStore(program.command('status')
   .option('--json', 'print JSON')
   .addHelpText('after', '\nExamples:\n  $ baton status --redis redis://127.0.0.1:6379\n  $ baton status --json')
   .action(async (opts: StoreFlags & LeaseFlags & { json?: boolean }) => {
-    const leases = await leaseManagerFor(opts);
-    try {
-      const all = await leases.list();
+    {
+      const all = await (await deploymentFor(opts)).status();
       if (opts.json) { printJson(all); return; }
       if (all.length === 0) { process.stdout.write('no volume is being served\n'); return; }
       printTable([['VOLUME', 'HOLDER', 'TOKEN', 'TTL', 'DIRTY', 'LAST FLUSH', 'HYDRATION', 'ADDRESS'], ...all.map((l) => [
         l.volume, l.holder || (l.reservedFor ? `(reserved for ${l.reservedFor})` : '-'), String(l.token), `${(l.ttlMs / 1000).toFixed(1)}s`,
         l.status ? formatSize(l.status.dirtyBytes) : '-', l.status?.lastFlushAt ?? '-', hydrationText(l.status?.hydration), l.status?.address ?? '-',
       ])]);
-    } finally {
-      await leases.close();
     }
   });
 
-/**
- * `serve --stats-interval`: every intervalMs one info line `process stats` with this process's
- * memory and the event-loop delay measured since the previous line (that histogram is reset
- * each time, so its p99 and max describe that interval only) and since start. Off by default: the delay monitor
- * wakes the loop every 10 ms, which an idle server should not pay for unasked, and a line a
- * minute from an idle server is noise; turn it on to see why a lease renewal came late.
- */
-function logProcessStats(intervalMs: number, log: Logger, cacheStats: () => CacheStats | undefined): void {
-  const resolutionMs = 10;
-  // One histogram per interval (reset after each line) and one since start: percentiles of
-  // a whole run cannot be computed from per-interval ones.
-  const eld = monitorEventLoopDelay({ resolution: resolutionMs });
-  const total = monitorEventLoopDelay({ resolution: resolutionMs });
-  eld.enable();
-  total.enable();
-  let cpu = process.cpuUsage();
-  let at = performance.now();
-  // The histogram holds the time between the monitor's timer ticks; minus the tick interval
-  // that is how late the loop ran them (an idle server shows ~0, a 2 s stall ~2000).
-  const ms = (ns: number): number => Math.round(Math.max(0, ns / 1e6 - resolutionMs) * 100) / 100;
-  const timer = setInterval(() => {
-    const m = process.memoryUsage();
-    const c = process.cpuUsage(cpu);
-    const now = performance.now();
-    log.info({
-      rss: m.rss, heapUsed: m.heapUsed, heapTotal: m.heapTotal, external: m.external, arrayBuffers: m.arrayBuffers,
-      eldP50Ms: ms(eld.percentile(50)), eldP99Ms: ms(eld.percentile(99)), eldMaxMs: ms(eld.max), eldMeanMs: ms(eld.mean),
-      eldP99SinceStartMs: ms(total.percentile(99)), eldMaxSinceStartMs: ms(total.max),
-      cpuPct: Math.round(((c.user + c.system) / 1000 / (now - at)) * 1000) / 10, intervalMs: Math.round(now - at),
-      // The read cache since start: hits and misses in blocks, ranged GETs (reads', readahead's
-      // and hydration's) and their bytes.
-      ...(cacheStats() ? { cache: { ...cacheStats() } } : {}),
-    }, 'process stats');
-    eld.reset();
-    cpu = process.cpuUsage();
-    at = now;
-  }, intervalMs);
-  timer.unref();
-}
-
-/**
- * Make the read cache now: a --cache-dir that cannot hold it (a file, unwritable) is
- * reported at start with what to do, not found out at every attach later.
- */
-async function checkCacheDir(catalog: StoreCatalog, dir: string): Promise<void> {
-  try {
-    await catalog.readCache();
-  } catch (err) {
-    throw new InvalidArgumentError(`--cache-dir ${dir} cannot hold the read cache (${errorMessage(err)}): name a directory this user may write, or leave the option out (default ${defaultCacheDir()})`);
-  }
-}
-
-/**
- * Refuse to serve read-write on a store that does not honour create-only puts: fencing would
- * be a lie. While the store does not answer, log that and keep trying (see waitForStore).
- */
-async function probeBeforeServing(catalog: unknown, readOnly: boolean, log: Logger): Promise<void> {
-  if (readOnly || !(catalog instanceof StoreCatalog)) return;
-  const t0 = Date.now();
-  await waitForStore(catalog.store, { log });
-  log.info({ store: catalog.description, ms: Date.now() - t0 }, 'store honours create-only puts');
-}
-
 try {
   await program.parseAsync();
+  // serve keeps running (its signals end it); every other command is done: let go of leases.
+  for (const d of opened.splice(0)) await d.close();
 } catch (err) {
   if (err instanceof BatonError) {
     process.stderr.write(`baton: ${err.message}\n`);

@@ -10,6 +10,7 @@
  * - peer not trusted: TlsError (a TLS handshake failed, or the client's certificate or key was refused)
  * - fix the setup:    MisconfiguredError (this process disagrees with what the store records),
  *                     StoreUnsafeError (the store breaks a guarantee baton relies on)
+ * - caller's choice:  AbortedError (the AbortSignal given to an API call fired)
  * - terminal:         FencedError (another host took the volume), ShutdownError, CorruptError
  *                     (ChecksumError: stored data failed its check: EIO, never the bytes)
  * - give the key:     KeyError (an encrypted volume without its master key, or with another)
@@ -37,7 +38,8 @@ export type BatonErrorCode =
   | 'BATON_ERR_PROTOCOL'
   | 'BATON_ERR_TLS'
   | 'BATON_ERR_TLS_REQUIRED'
-  | 'BATON_ERR_KEY';
+  | 'BATON_ERR_KEY'
+  | 'BATON_ERR_ABORTED';
 
 export class BatonError extends Error {
   readonly code: BatonErrorCode;
@@ -178,6 +180,14 @@ export class TlsError extends BatonError {
 /** An option other than STARTTLS or ABORT before TLS, on a server that requires TLS (NBD_REP_ERR_TLS_REQD). */
 export class TlsRequiredError extends BatonError {
   constructor(message: string) { super('BATON_ERR_TLS_REQUIRED', message); }
+}
+
+/**
+ * The AbortSignal an API call was given fired (src/api.ts). Checked between the steps of an
+ * operation, never inside one: what the steps already did stands, as each says.
+ */
+export class AbortedError extends BatonError {
+  constructor(message: string, options?: { cause?: unknown }) { super('BATON_ERR_ABORTED', message, options); }
 }
 
 export function isBatonError(err: unknown, code?: BatonErrorCode): err is BatonError {

@@ -95,7 +95,29 @@ export interface VolumeExportsOptions {
   hydrate?: HydrateOptions;
   /** Count each volume's NBD requests (serve --metrics): its connections share one RequestStats. */
   requestStats?: boolean;
+  /**
+   * Told what happens to each volume (the API's per-volume events, src/api.ts). Called
+   * synchronously where it happens; it must not throw or block (an exception is swallowed).
+   */
+  onEvent?: (e: VolumeEvent) => void;
 }
+
+/**
+ * What happened to a served volume:
+ * - attached / detached: a connection got or gave back a handle (`connections`: how many now);
+ * - flushed: a commit landed: every write acknowledged before it is in the store;
+ * - leaseLost: this host lost the lease (renewal failed, revoked by `rm --force` or `rename
+ *   --force`): the volume was fenced and its clients disconnected;
+ * - handedOff: given to another host on its request (`baton handoff`);
+ * - dropped: fenced for another reason: removed or replaced in the store, or it fenced itself.
+ */
+export type VolumeEvent =
+  | { type: 'attached'; volume: string; connections: number }
+  | { type: 'detached'; volume: string; connections: number }
+  | { type: 'flushed'; volume: string; seq: number; bytes: number }
+  | { type: 'leaseLost'; volume: string; reason: string }
+  | { type: 'handedOff'; volume: string; to: string }
+  | { type: 'dropped'; volume: string; reason: string };
 
 /** A volume this host has in hand (opening, serving or draining), as serve --metrics reports it. */
 export interface ServedVolumeInfo {
@@ -269,10 +291,16 @@ export class VolumeExports implements ExportProvider {
     }
   }
 
+  private emit(e: VolumeEvent): void {
+    if (!this.opts.onEvent) return;
+    try { this.opts.onEvent(e); } catch { /* a listener's own bug must not break serving */ }
+  }
+
   private handle(s: Served): ExportHandle {
     const ov = s.ov!;
     s.refs++;
     this.updateIdle(s);
+    this.emit({ type: 'attached', volume: s.name, connections: s.refs });
     let released = false;
     return {
       name: s.name,
@@ -286,6 +314,7 @@ export class VolumeExports implements ExportProvider {
         s.refs--;
         if (s.refs === 0) s.notifyNoClients();
         this.updateIdle(s);
+        this.emit({ type: 'detached', volume: s.name, connections: s.refs });
       },
     };
   }
@@ -301,18 +330,29 @@ export class VolumeExports implements ExportProvider {
     const vol = s.volume;
     if (!vol || !this.catalog.record) return true;
     let id: string | null;
+    let size = 0;
     try {
-      id = (await this.catalog.record(s.name)).id;
+      ({ id, size } = await this.catalog.record(s.name));
     } catch (err) {
       if (!(err instanceof NotFoundError)) throw err;
       id = null;
     }
-    if (id === vol.volumeId) return true;
+    if (id === vol.volumeId) {
+      // `baton resize` grew it: this connection (and every later one) gets the new size;
+      // connections attached before keep the size they negotiated. A shrink needs the lease,
+      // so it never happens to a volume served here.
+      if (size > vol.size) {
+        this.opts.log.info({ volume: s.name, from: vol.size, to: size }, 'volume grown in the store: new connections get the new size');
+        vol.grow(size);
+      }
+      return true;
+    }
     const reason = id === null
       ? `volume ${s.name} was removed from ${this.catalog.description} while served here`
       : `volume ${s.name} was removed and created again in ${this.catalog.description} (id ${vol.volumeId} is now ${id}) while served here`;
     this.opts.log.error({ volume: s.name, id: vol.volumeId, now: id }, `${reason}: dropping it, its clients are disconnected`);
     this.stop(s, { kind: 'fence', reason });
+    this.emit({ type: 'dropped', volume: s.name, reason });
     return false;
   }
 
@@ -467,6 +507,7 @@ export class VolumeExports implements ExportProvider {
 
   private watchVolume(s: Served): void {
     const vol = s.volume;
+    vol?.onCommitted((c) => this.emit({ type: 'flushed', volume: s.name, seq: c.seq, bytes: c.bytes }));
     vol?.onFenced((err) => {
       if (s.fencedByUs || s.fence || s.state === 'closed' || s.state === 'fenced') return;
       // 9.6: the engine fenced itself (its log position was taken, its lease deadline
@@ -474,6 +515,7 @@ export class VolumeExports implements ExportProvider {
       // keep the volume unusable everywhere until this process restarts.
       this.opts.log.error({ volume: s.name, err: errorMessage(err) }, 'volume fenced itself: disconnecting its clients, closing it without flushing and releasing its lease; the next attach recovers it from the store');
       this.stop(s, { kind: 'fence', reason: errorMessage(err) });
+      this.emit({ type: 'dropped', volume: s.name, reason: errorMessage(err) });
     });
   }
 
@@ -518,6 +560,24 @@ export class VolumeExports implements ExportProvider {
 
   // ------------------------------------------------------------------ events
 
+  /**
+   * Close a volume nobody is attached to now, as its idle grace would (flush, close, give
+   * the lease back), so that this process or another may change it (rename, resize) at once.
+   * Refused while clients are attached here; a flush that fails keeps it open (as an idle
+   * close does) and is this call's error. Nothing to do for a volume not open here.
+   */
+  async release(name: string): Promise<void> {
+    const s = this.volumes.get(name);
+    if (!s) return;
+    await s.opening;
+    if (s.state === 'serving') {
+      if (s.refs > 0) throw new LeaseHeldError(`volume ${name} has ${s.refs} client${s.refs > 1 ? 's' : ''} attached on this host; detach ${s.refs > 1 ? 'them' : 'it'} first`);
+      this.beginExit(s, { kind: 'idle' });
+    }
+    await s.exit;
+    if ((s.state as ServedState) === 'serving') throw new ShutdownError(`volume ${name} could not be flushed, so it stays open here with its unflushed data (see the log); try again once the store answers`);
+  }
+
   /** Another host asked for this volume: give it over cleanly. */
   async handoff(name: string, to: string): Promise<void> {
     const s = this.volumes.get(name);
@@ -535,6 +595,7 @@ export class VolumeExports implements ExportProvider {
     if (s.state === 'closed' || s.state === 'fenced') return;
     this.opts.log.error({ volume: s.name, reason }, 'lease lost: volume fenced, clients disconnected');
     this.stop(s, { kind: 'fence', reason: `lease lost: ${reason}` });
+    this.emit({ type: 'leaseLost', volume: s.name, reason });
   }
 
   /**
@@ -647,7 +708,10 @@ export class VolumeExports implements ExportProvider {
     const to = exit.kind === 'handoff' ? exit.to : s.releaseTo;
     try {
       await lease.release(to);
-      if (to !== undefined) this.opts.log.info({ volume: s.name, to, fenced: !!s.fence }, 'volume handed off');
+      if (to !== undefined) {
+        this.opts.log.info({ volume: s.name, to, fenced: !!s.fence }, 'volume handed off');
+        this.emit({ type: 'handedOff', volume: s.name, to });
+      }
     } catch (err) {
       // The lease was already gone (or the lease store is unreachable): the new host gets
       // the volume when the lease expires instead of at once.

@@ -12,8 +12,9 @@
  * run left objects to delete later. A quiet server makes no store requests.
  */
 
-import { errorMessage, isBatonError } from './errors.js';
+import { errorMessage, isBatonError, LeaseHeldError } from './errors.js';
 import type { VolumeExports } from './exports.js';
+import type { LeaseManager } from './lease/lease.js';
 import type { Logger } from './log.js';
 import type { StoreCatalog } from './volume/catalog.js';
 import { collectGarbage, type GcResult } from './volume/gc.js';
@@ -71,7 +72,73 @@ export async function compactIdleVolumes(catalog: StoreCatalog, exports: VolumeE
   return out;
 }
 
+export interface ExpiryReport {
+  name: string;
+  expiresAt: string;
+  /** Removed (its data kept if relatives use it). */
+  removed: boolean;
+  keptForRelatives?: boolean;
+  /** Why it was not removed: served, has snapshots, an error. */
+  skipped?: string;
+}
+
+/**
+ * Remove the volumes whose expiry (docs/rfc-lifecycle.md, "Expiry") has passed and that nobody
+ * serves. Each is removed the way `rm` would, under its lease, taken as an attach would: a
+ * volume a host serves (attached, or within its idle grace, or opening) holds its lease, so
+ * taking it fails and the volume is skipped, never removed; `servedHere` skips those this
+ * process serves (its own lease would be refused too, but not by name). The expiry is read
+ * again once the lease is held (an `expire --never` before that wins). Every removal and
+ * every skip is logged.
+ */
+export async function removeExpired(catalog: StoreCatalog, o: { leases: LeaseManager; hostId: string; log: Logger; now?: number; servedHere?: (name: string) => boolean }): Promise<ExpiryReport[]> {
+  const now = o.now ?? Date.now();
+  const out: ExpiryReport[] = [];
+  for (const raw of await catalog.allRecords()) {
+    if (raw.snapshot) continue;
+    let expiresAt: string | undefined;
+    try {
+      expiresAt = (await catalog.effective(raw)).expiresAt;
+    } catch (err) {
+      o.log.warn({ volume: raw.name, err: errorMessage(err) }, 'expiry: could not read the volume\'s attributes; skipped');
+      continue;
+    }
+    if (!expiresAt || Date.parse(expiresAt) > now) continue;
+    const report: ExpiryReport = { name: raw.name, expiresAt, removed: false };
+    out.push(report);
+    if (o.servedHere?.(raw.name)) {
+      report.skipped = 'served by this host';
+      o.log.info({ volume: raw.name, expiresAt }, 'expired volume is served here: not removed');
+      continue;
+    }
+    let lease;
+    try {
+      lease = await o.leases.acquire(raw.name, o.hostId);
+    } catch (err) {
+      report.skipped = err instanceof LeaseHeldError ? `served: ${errorMessage(err)}` : errorMessage(err);
+      o.log.info({ volume: raw.name, expiresAt, reason: report.skipped }, 'expired volume is in use: not removed');
+      continue;
+    }
+    try {
+      const still = await catalog.record(raw.name);
+      if (still.id !== raw.id || !still.expiresAt || Date.parse(still.expiresAt) > now) { report.skipped = 'changed meanwhile'; continue; }
+      const r = await catalog.remove(raw.name);
+      report.removed = true;
+      report.keptForRelatives = r.keptForRelatives;
+      o.log.warn({ volume: raw.name, expiresAt, keptForRelatives: r.keptForRelatives }, 'expired volume removed');
+    } catch (err) {
+      report.skipped = errorMessage(err);
+      o.log.warn({ volume: raw.name, expiresAt, err: errorMessage(err) }, 'expired volume not removed');
+    } finally {
+      await lease.release().catch(() => {});
+    }
+  }
+  return out;
+}
+
 export interface BackgroundOptions {
+  /** Remove expired volumes nobody serves before each GC run (removeExpired). */
+  expiry?: { leases: LeaseManager; hostId: string };
   intervalMs: number;
   graceMs: number;
   compactBelow: number;
@@ -133,6 +200,13 @@ export class BackgroundMaintenance {
       } catch (err) {
         compacted.push({ name, skipped: errorMessage(err) });
         this.opts.log.warn({ volume: name, err: errorMessage(err) }, 'background compaction failed; trying again next pass');
+      }
+    }
+    if (this.opts.expiry) {
+      try {
+        await removeExpired(this.catalog, { ...this.opts.expiry, log: this.opts.log, servedHere: (n) => this.exports.stateOf(n) !== null });
+      } catch (err) {
+        this.opts.log.warn({ err: errorMessage(err) }, 'background expiry pass failed; trying again next pass');
       }
     }
     let gc: GcResult | null = null;

@@ -14,7 +14,7 @@ import { accountMaps, diffMaps, type MappedExtent, type Range } from '../../cow/
 import type { Logger } from '../log.js';
 import { listAll, type ObjectStore } from '../store/object-store.js';
 import { checkExportName, checkVolumeName, checkVolumeSize, type OpenVolume, type RemoveResult, type VolumeCatalog, type VolumeInfo } from '../volumes.js';
-import { DEFAULT_DATA, dataSettings, decodeVolumeRecord, encodeVolumeRecord, keys, maxOperationMs, seqFromKey, timeBounds, type DataSettings, type VolumeRecord } from './format.js';
+import { DEFAULT_DATA, dataSettings, decodeAttrsRecord, decodeVolumeRecord, encodeVolumeRecord, keys, maxOperationMs, seqFromKey, timeBounds, type AttrsRecord, type DataSettings, type VolumeRecord } from './format.js';
 import { GC_STATE_KEY, decodeGcState } from './gc-state.js';
 import type { HydrateOptions } from './hydrate.js';
 import { derivedEncryption, frameKeysFor, newEncryption, type MasterKey } from './keys.js';
@@ -39,6 +39,8 @@ export interface CreateOptions {
   compression?: DataSettings['compression'];
   /** Encrypt its data with a data key of its own, wrapped by the master key (keys.ts). */
   encrypt?: boolean;
+  /** When it expires (ISO time; docs/rfc-lifecycle.md). */
+  expiresAt?: string;
 }
 
 /** Attempts at a name record's put whose earlier attempts provably did not land. */
@@ -57,6 +59,8 @@ export interface SnapshotOf {
 
 export interface StoreVolumeInfo extends VolumeInfo {
   snapshotOf?: SnapshotOf;
+  /** When it expires (ISO time); GC removes it after that unless a host serves it. */
+  expiresAt?: string;
 }
 
 export interface RemoveOptions {
@@ -99,7 +103,7 @@ export class StoreCatalog implements VolumeCatalog {
   /** The process-wide read cache (made on first use; `serve` makes it at start, so a bad cache directory is reported then, not at every attach). */
   readCache(): Promise<BlockCache> { return this.opts.cache(); }
 
-  async create(name: string, size: number, opts: CreateOptions = {}): Promise<VolumeInfo> {
+  async create(name: string, size: number, opts: CreateOptions = {}): Promise<StoreVolumeInfo> {
     checkVolumeName(name);
     checkVolumeSize(size);
     const data: DataSettings = { format: opts.format ?? DEFAULT_DATA.format, compression: opts.compression ?? DEFAULT_DATA.compression };
@@ -108,9 +112,9 @@ export class StoreCatalog implements VolumeCatalog {
     const rec = await this.landRecord(name, 'create', async () => {
       const id = randomId(this.world, 8);
       const enc = opts.encrypt ? { encryption: newEncryption(master, name, id, this.world) } : {};
-      return { format: 'baton-volume-1', name, id, size, createdAt: this.world.wallTime().toISOString(), data: { ...data, ...enc } };
+      return { format: 'baton-volume-1', name, id, size, createdAt: this.world.wallTime().toISOString(), data: { ...data, ...enc }, ...(opts.expiresAt ? { expiresAt: opts.expiresAt } : {}) };
     }, 'if it is there, it was created; if not, nothing needs cleaning up');
-    return { name, size, createdAt: rec.createdAt, storedBytes: 0, kind: 'volume' };
+    return { name, size, createdAt: rec.createdAt, storedBytes: 0, kind: 'volume', ...(rec.expiresAt ? { expiresAt: rec.expiresAt } : {}) };
   }
 
   /**
@@ -289,7 +293,7 @@ export class StoreCatalog implements VolumeCatalog {
       // Ambiguous so far: what does the name hold now?
       let holder: string | null;
       try {
-        holder = (await this.record(rec.name)).id;
+        holder = (await this.rawRecord(rec.name)).id;
       } catch (err) {
         if (!(err instanceof NotFoundError)) { ambiguous = err; break; }
         holder = null;
@@ -329,7 +333,7 @@ export class StoreCatalog implements VolumeCatalog {
    * rm sees our record (and keeps the data) or we see the source gone (and undo the fork).
    */
   private async confirmSource(srcName: string, src: VolumeRecord, rec: VolumeRecord): Promise<void> {
-    const still = await this.record(srcName).catch((err) => { if (err instanceof NotFoundError) return null; throw err; });
+    const still = await this.rawRecord(srcName).catch((err) => { if (err instanceof NotFoundError) return null; throw err; });
     if (still && still.id === src.id) return;
     await this.abandon(rec, true, rec.snapshot ? 'snapshot' : 'fork', `lost its source ${srcName}`); // waited out: no late try of our put re-creates it
     throw new NotFoundError(`${srcName} was removed while ${rec.name} was being made from it; nothing was created`);
@@ -341,7 +345,9 @@ export class StoreCatalog implements VolumeCatalog {
    * protected only by GC's grace period (>= 2x maxOperationMs, see gc.ts); an attempt slower
    * than half of that is undone and made again, never trusted (landRecord).
    */
-  private async derive(srcName: string, name: string, snapshot: boolean): Promise<VolumeRecord> {
+  private async derive(srcName: string, name: string, snapshot: boolean, opts: { expiresAt?: string } = {}): Promise<VolumeRecord> {
+    // Its size as it is now (attribute records applied); the largest size its log ever had
+    // goes along, so the fork can replay the source's records up to the fork point.
     const src = await this.record(srcName);
     // A fork of an encrypted volume gets a data key of its own: the master key is needed (now, not after the fork point is read).
     const master = src.data?.encryption && !snapshot ? this.masterKey() : null;
@@ -355,6 +361,8 @@ export class StoreCatalog implements VolumeCatalog {
         ...data,
       // A snapshot belongs to one volume identity, not to a name that may be reused.
       ...(snapshot ? { snapshot: true, of: src.id } : {}),
+        ...(src.recoverySize !== undefined && src.recoverySize > src.size ? { recoverySize: src.recoverySize } : {}),
+        ...(opts.expiresAt ? { expiresAt: opts.expiresAt } : {}),
       };
     },
     // A record that may land after we gave up could land later than GC allows (landRecord).
@@ -372,11 +380,11 @@ export class StoreCatalog implements VolumeCatalog {
   private get world(): World { return this.opts.volume?.world ?? systemWorld; }
 
   /** O(1) fork: a new writable volume whose map starts as SRC's (a volume or NAME@SNAP) at its last acknowledged flush. */
-  async fork(srcName: string, dstName: string): Promise<VolumeInfo> {
+  async fork(srcName: string, dstName: string, opts: { expiresAt?: string } = {}): Promise<StoreVolumeInfo> {
     checkExportName(srcName);
     checkVolumeName(dstName);
-    const rec = await this.derive(srcName, dstName, false);
-    return { name: dstName, size: rec.size, createdAt: rec.createdAt, storedBytes: 0, kind: 'volume', parent: rec.parent! };
+    const rec = await this.derive(srcName, dstName, false, opts);
+    return { name: dstName, size: rec.size, createdAt: rec.createdAt, storedBytes: 0, kind: 'volume', parent: rec.parent!, ...(rec.expiresAt ? { expiresAt: rec.expiresAt } : {}) };
   }
 
   /** A read-only point-in-time snapshot NAME@SNAP of a volume's last acknowledged flush. */
@@ -388,7 +396,230 @@ export class StoreCatalog implements VolumeCatalog {
     return { name, size: rec.size, createdAt: rec.createdAt, storedBytes: 0, kind: 'snapshot', parent: rec.parent! };
   }
 
+  /** The checks of rename that need no store: two volume names (not snapshots), not the same. */
+  checkRename(from: string, to: string): void {
+    for (const n of [from, to]) {
+      if (n.includes('@')) throw new InvalidArgumentError(`rename gives a volume another name; ${n} is a snapshot: fork it into a volume instead (baton fork ${n} NEW-NAME)`);
+    }
+    checkVolumeName(from);
+    checkVolumeName(to);
+    if (from === to) throw new InvalidArgumentError(`${from} already has that name: rename needs two different names`);
+  }
+
+  /**
+   * Give volume `from` the name `to`; with `replace`, `to`'s current volume is removed first.
+   * The argument is docs/rfc-lifecycle.md; in short, a rename is made only of steps whose safety
+   * the catalog already argues, each leaving a catalog where every name names one whole
+   * volume:
+   * 1. (replace) Remove `to`'s record, as rm does: its descendants are looked for first (if
+   *    that cannot be told, nothing is changed), and its record is deleted only if the name
+   *    still names the id we read. Its data is not touched yet.
+   * 2. Land `to` as an O(1) fork of `from` at its last acknowledged flush (derive: the
+   *    create-only name put is the commit point, time-bounded against GC, confirmed against
+   *    a concurrent rm of `from`). A concurrent create or rename onto `to` makes exactly one
+   *    of them land (the other gets AlreadyExists and undoes its own fork). The new volume has
+   *    a new id whose map starts as `from`'s: no two names ever share an id, which the rest
+   *    of the catalog relies on (rm deletes an id's objects once no OTHER record descends
+   *    from it: two names on one id would let rm of one delete the other's data).
+   * 3. Delete `from`'s record (again only while it names the id we forked): its data stays,
+   *    since `to` now descends from it (GC keeps what `to` maps).
+   * 4. (replace) Delete the old `to`'s objects, as rm's step (3) does, only if nothing
+   *    descended from it before step 1 and nothing does now; else they stay for GC.
+   * A failure between 1 and 2 leaves `to` absent and `from` unchanged; between 2 and 3 both
+   * names exist (`to` a fork of `from`): the error says which and what to run.
+   *
+   * What keeps other hosts from writing either volume while this runs (a served `from` would
+   * go on taking writes the new `to` does not have) is the caller holding both names' leases
+   * (Deployment.rename); `leased()` throws once they cannot be trusted any more, and is
+   * called before each step that changes a name.
+   */
+  async rename(from: string, to: string, opts: { replace: boolean; onStep?: (step: string) => void; leased?: () => void }): Promise<{ from: string; to: string; id: string; expiresAt?: string; replaced: { keptForRelatives: boolean; deletedObjects: number } | null }> {
+    this.checkRename(from, to);
+    const step = (s: string): void => opts.onStep?.(s);
+    const src = await this.record(from);
+    const all = await this.allRecords();
+    const snapsOf = (rec: VolumeRecord): string[] => all.filter((r) => isSnapshotOf(r, rec)).map((r) => r.name);
+    const srcSnaps = snapsOf(src);
+    if (srcSnaps.length > 0) {
+      throw new InvalidArgumentError(`${from} has snapshots (${srcSnaps.join(', ')}), which are named after it and belong to it: remove them first (baton rm NAME@SNAP), or fork the volume under the new name instead (baton fork ${from} ${to})`);
+    }
+    const dst = await this.recordOrNull(to);
+    if (dst && !opts.replace) {
+      throw new AlreadyExistsError(`volume "${to}" already exists in ${this.description}: add --replace to make ${from} the new ${to} (the current ${to} is removed; its data stays while forks or snapshots use it), or pick another name`);
+    }
+    let dstHadDescendants = false;
+    if (dst) {
+      const dstSnaps = snapsOf(dst);
+      if (dstSnaps.length > 0) {
+        throw new InvalidArgumentError(`${to} has snapshots (${dstSnaps.join(', ')}), which belong to the volume being replaced: remove them first (baton rm NAME@SNAP), then run the rename again`);
+      }
+      step(`removing the current ${to}`);
+      dstHadDescendants = await this.descendantsBeforeRemoving(dst);
+      opts.leased?.();
+      // Only the volume we decided to replace: a name made again meanwhile is someone else's.
+      const now = await this.recordOrNull(to);
+      if (now?.id !== dst.id) throw new PreconditionFailedError(`${to} was removed or made again while it was being replaced; nothing was changed: run the rename again`);
+      // A try of this delete still on its way would remove the new `to` landed next: wait it out first (settleDeletes).
+      const late = { until: 0 };
+      await this.deleteName(to, late);
+      await this.settleDeletes(to, late.until);
+    }
+    step(`landing ${to}`);
+    opts.leased?.();
+    let rec: VolumeRecord;
+    try {
+      // The same volume under another name: its expiry goes with it (derive takes its size).
+      rec = await this.derive(from, to, false, src.expiresAt ? { expiresAt: src.expiresAt } : {});
+    } catch (err) {
+      if (dst) throw rewrap(err, `the old ${to} was removed, but ${from} could not be given its name (${errorMessage(err)}): ${from} is unchanged; run baton rename ${from} ${to} again (${to} is free now)`);
+      throw err;
+    }
+    step(`removing the name ${from}`);
+    const both = `${to} now holds ${from}'s data, and ${from} is still there too (a fork of it is what ${to} is): remove it with baton rm ${from}`;
+    try {
+      opts.leased?.();
+      const still = await this.recordOrNull(from);
+      if (still?.id === src.id) {
+        // `from` may be made again right after the rename returns (settleDeletes).
+        const late = { until: 0 };
+        await this.deleteName(from, late);
+        await this.settleDeletes(from, late.until);
+      }
+    } catch (err) {
+      throw rewrap(err, `${errorMessage(err)}; ${both}`);
+    }
+    // A grow or expiry change may have landed on `from` after derive read it (a grow takes no
+    // lease). Its write-then-check saw `from`'s name until the delete above, so it landed
+    // before this read: carry it over to `to`, then drop `from`'s attributes.
+    try {
+      const later = await this.effective(src);
+      const change: { size?: number; expiresAt?: string | null } = {};
+      if (later.size > rec.size) change.size = later.size;
+      if ((later.expiresAt ?? null) !== (rec.expiresAt ?? null)) change.expiresAt = later.expiresAt ?? null;
+      if (Object.keys(change).length > 0) await this.putAttrs(to, rec, change);
+      await this.deleteAttrs(src.id);
+    } catch (err) {
+      throw rewrap(err, `${to} now holds ${from}'s data, but a resize or expiry change made to ${from} during the rename may not have reached it (${errorMessage(err)}): check baton info ${to}`);
+    }
+    let replaced: { keptForRelatives: boolean; deletedObjects: number } | null = null;
+    if (dst) {
+      step(`deleting the data of the old ${to}`);
+      replaced = await this.deleteDataIfUnused(dst, dstHadDescendants);
+    }
+    return { from, to, id: rec.id, ...(rec.expiresAt ? { expiresAt: rec.expiresAt } : {}), replaced };
+  }
+
+  /**
+   * A volume's record as its size and expiry are now: the record with its attribute records
+   * applied (attrsOf). What every reader of a size uses: serving (NBD_OPT_INFO, the per-attach
+   * check), opening, forking, ls and info. One GET and one LIST.
+   */
   async record(name: string): Promise<VolumeRecord> {
+    return this.effective(await this.rawRecord(name));
+  }
+
+  /** The record with its attribute records applied (see AttrsRecord in format.ts). */
+  async effective(rec: VolumeRecord): Promise<VolumeRecord> {
+    if (rec.snapshot) return rec; // never resized, never expires: no attribute records to look for
+    const a = await this.attrsOf(rec);
+    const out: VolumeRecord = { ...rec, size: a.size };
+    if (a.recoverySize > a.size) out.recoverySize = a.recoverySize;
+    if (a.expiresAt) out.expiresAt = a.expiresAt; else delete out.expiresAt;
+    return out;
+  }
+
+  /**
+   * What a record's attribute records make of it: the newest size and expiry each sets (in
+   * position order), the largest size it ever had, and the next free position. Attribute
+   * records are small and few (one per resize or expiry change).
+   */
+  private async attrsOf(rec: VolumeRecord): Promise<{ size: number; expiresAt: string | null; recoverySize: number; next: number }> {
+    const objs = await listAll(this.opts.store, keys.attrsPrefix(rec.id));
+    let size = rec.size;
+    let expiresAt: string | null = rec.expiresAt ?? null;
+    let recoverySize = Math.max(rec.size, rec.recoverySize ?? 0);
+    let next = 1;
+    const bodies = await mapLimit(objs, 8, (o) => this.opts.store.get(o.key).then((b) => decodeAttrsRecord(b, o.key), (err) => {
+      if (err instanceof NotFoundError) return null; // its volume is being removed
+      throw err;
+    }));
+    for (const [i, a] of bodies.entries()) {
+      next = Math.max(next, seqFromKey(objs[i]!.key) + 1);
+      if (!a) continue;
+      if (a.size !== undefined) { size = a.size; recoverySize = Math.max(recoverySize, a.size); }
+      if (a.expiresAt !== undefined) expiresAt = a.expiresAt;
+    }
+    return { size, expiresAt, recoverySize, next };
+  }
+
+  /**
+   * Land an attribute record for `rec` at its next free position (create-only: a 412 means
+   * another change took it; look again and take the next), then check that `name` still names
+   * `rec.id` (write-then-check, as confirmSource; a rename's final re-read of the attributes
+   * is the other half: docs/rfc-lifecycle.md, "Resize", races). Throws if it does not: the
+   * change landed on a volume that was renamed or removed meanwhile.
+   */
+  private async putAttrs(name: string, rec: VolumeRecord, change: Omit<AttrsRecord, 'format' | 'time'>): Promise<void> {
+    const body = Buffer.from(JSON.stringify({ format: 'baton-attrs-1', ...change, time: this.world.wallTime().toISOString() } satisfies AttrsRecord));
+    for (let attempt = 1; ; attempt++) {
+      const { next } = await this.attrsOf(rec);
+      try {
+        await this.opts.store.put(keys.attrs(rec.id, next), body, { ifNoneMatch: true });
+        break;
+      } catch (err) {
+        if (!(err instanceof PreconditionFailedError) || attempt >= 20) throw err;
+      }
+    }
+    const now = await this.recordOrNull(name);
+    if (now?.id !== rec.id) {
+      throw new PreconditionFailedError(`${name} was renamed or removed while it was being changed; see baton ls and baton info: if the volume you meant has another name now, run the command again on that name`);
+    }
+  }
+
+  /**
+   * Resize a volume (docs/rfc-lifecycle.md, "Resize"). Growing needs nothing else; shrinking
+   * (`shrink`) must be done under the volume's lease (the caller holds it, `leased` checks it)
+   * and is refused while data is mapped at or past the new end: the committed map is read
+   * with nobody writing, so the check stays true until the attribute record lands.
+   */
+  async resize(name: string, size: number, opts: { shrink?: boolean; leased?: () => void } = {}): Promise<{ name: string; from: number; to: number }> {
+    checkVolumeName(name);
+    checkVolumeSize(size);
+    const rec = await this.record(name);
+    if (rec.snapshot) throw new InvalidArgumentError(`${name} is a snapshot, which never changes: fork it and resize the fork`);
+    if (size === rec.size) return { name, from: rec.size, to: size };
+    if (size < rec.size) {
+      if (!opts.shrink) throw new InvalidArgumentError(`${name} is ${rec.size} bytes; ${size} would shrink it: add --shrink (refused while data is mapped past the new end)`);
+      const view = await this.openView(rec);
+      let highest = 0;
+      try {
+        await view.forEachCommitted((e) => { if (e.key !== null) highest = Math.max(highest, e.offset + e.length); });
+      } finally {
+        await view.close();
+      }
+      if (highest > size) {
+        throw new InvalidArgumentError(`${name} has data mapped up to byte ${highest}, past the new end ${size}: shrink the filesystem first (resize2fs DEVICE SIZE) and trim what is past the end (fstrim, or blkdiscard --offset ${size}), or pick a size of at least ${highest}`);
+      }
+      opts.leased?.();
+    }
+    await this.putAttrs(name, rec, { size });
+    return { name, from: rec.size, to: size };
+  }
+
+  /** Set (an ISO time) or clear (null) a volume's expiry. */
+  async setExpiry(name: string, expiresAt: string | null): Promise<void> {
+    checkVolumeName(name);
+    const rec = await this.rawRecord(name);
+    await this.putAttrs(name, rec, { expiresAt });
+  }
+
+  /** Delete an id's attribute records (its name is gone; forks carry their own values). */
+  private async deleteAttrs(id: string): Promise<void> {
+    const objs = await listAll(this.opts.store, keys.attrsPrefix(id));
+    await mapLimit(objs, 16, (o) => this.opts.store.delete(o.key));
+  }
+
+  async rawRecord(name: string): Promise<VolumeRecord> {
     checkExportName(name);
     const key = keys.volumeRecord(name);
     try {
@@ -402,7 +633,7 @@ export class StoreCatalog implements VolumeCatalog {
   /** The volume record `name` names, or null if there is none (a definite NotFound, nothing else). */
   private async recordOrNull(name: string): Promise<VolumeRecord | null> {
     try {
-      return await this.record(name);
+      return await this.rawRecord(name);
     } catch (err) {
       if (err instanceof NotFoundError) return null;
       throw err;
@@ -419,11 +650,12 @@ export class StoreCatalog implements VolumeCatalog {
     return { id: snap.of ?? (volume !== null ? volumeNow!.id : null), volume };
   }
 
-  private async describe(rec: VolumeRecord, volumeNow: VolumeRecord | null): Promise<StoreVolumeInfo> {
-    const objs = await listAll(this.opts.store, keys.volumePrefix(rec.id));
+  private async describe(raw: VolumeRecord, volumeNow: VolumeRecord | null): Promise<StoreVolumeInfo> {
+    const [objs, rec] = await Promise.all([listAll(this.opts.store, keys.volumePrefix(raw.id)), this.effective(raw)]);
     const d = dataSettings(rec);
     return {
       name: rec.name, size: rec.size, createdAt: rec.createdAt, storedBytes: objs.reduce((n, o) => n + o.size, 0),
+      ...(rec.expiresAt ? { expiresAt: rec.expiresAt } : {}),
       kind: rec.snapshot ? 'snapshot' : 'volume', ...(rec.parent ? { parent: rec.parent } : {}),
       data: { format: d.format, compression: d.compression, encrypted: d.encryption !== undefined, ...(d.encryption ? { keyId: d.encryption.keyId } : {}) },
       ...(rec.snapshot ? { snapshotOf: this.snapshotOf(rec, volumeNow) } : {}),
@@ -437,7 +669,7 @@ export class StoreCatalog implements VolumeCatalog {
   }
 
   async info(name: string): Promise<StoreVolumeInfo> {
-    const rec = await this.record(name);
+    const rec = await this.rawRecord(name);
     return this.describe(rec, rec.snapshot ? await this.recordOrNull(volumeNameOf(name)) : null);
   }
 
@@ -454,7 +686,7 @@ export class StoreCatalog implements VolumeCatalog {
    * objects, which then stay for garbage collection, which knows who still needs them.
    */
   async remove(name: string, opts: RemoveOptions = {}): Promise<StoreRemoveResult> {
-    const rec = await this.record(name);
+    const rec = await this.rawRecord(name);
     const snaps = rec.snapshot ? [] : (await this.allRecords()).filter((r) => isSnapshotOf(r, rec));
     if (snaps.length > 0 && !opts.snapshots) {
       throw new InvalidArgumentError(`volume ${name} has ${snaps.length} snapshot${snaps.length > 1 ? 's' : ''}: ${snaps.map((r) => r.name).join(', ')}; `
@@ -505,7 +737,7 @@ export class StoreCatalog implements VolumeCatalog {
     const waitMs = until - this.world.now();
     if (waitMs <= 0) return;
     this.opts.log.info({ name, waitMs: Math.round(waitMs), maxOperationMs: this.maxOpMs },
-      `rm of ${name}: its record's delete needed a retry: waiting until the earlier try can no longer land (M, BATON_MAX_OPERATION_MS), so that it cannot remove a volume made under the same name next`);
+      `the delete of ${name}'s record needed a retry: waiting until the earlier try can no longer land (M, BATON_MAX_OPERATION_MS), so that it cannot remove a volume made under the same name next`);
     await this.wait(waitMs);
   }
 
@@ -521,6 +753,16 @@ export class StoreCatalog implements VolumeCatalog {
   private async removeRecord(rec: VolumeRecord, late: { until: number }): Promise<RemoveResult> {
     const before = await this.descendantsBeforeRemoving(rec);
     await this.deleteName(rec.name, late);
+    // Nobody reads a nameless id's attributes (forks carry their own size and expiry).
+    await this.deleteAttrs(rec.id);
+    return this.deleteDataIfUnused(rec, before);
+  }
+
+  /**
+   * Step (3) of remove, for a record already deleted: delete its objects only if nothing
+   * descended from it before the record went (`before`) and nothing does now.
+   */
+  private async deleteDataIfUnused(rec: VolumeRecord, before: boolean): Promise<RemoveResult> {
     if (before) return { deletedObjects: 0, keptForRelatives: true }; // descendants do not vanish by themselves
     let after: boolean;
     try {
@@ -610,7 +852,7 @@ export class StoreCatalog implements VolumeCatalog {
    * included)? If not, a diff's ranges are simply everything either has written.
    */
   async shareHistory(a: string, b: string): Promise<boolean> {
-    const [ra, rb] = await Promise.all([this.record(a), this.record(b)]);
+    const [ra, rb] = await Promise.all([this.rawRecord(a), this.rawRecord(b)]);
     const [ia, ib] = await Promise.all([this.lineage(ra), this.lineage(rb)]);
     return ia.some((x) => ib.includes(x));
   }
@@ -674,7 +916,7 @@ export class StoreCatalog implements VolumeCatalog {
    * where a record is gone. Only the relatives' maps are loaded.
    */
   async infoWithAccounting(name: string): Promise<StoreVolumeInfo> {
-    const rec = await this.record(name);
+    const rec = await this.rawRecord(name);
     const recs = await this.allRecordsKnown();
     const metas = new Map<string, Promise<VolumeRecord | null>>(recs.map((r) => [r.id, Promise.resolve(r)]));
     const mine = new Set(await this.lineage(rec, metas));
@@ -705,19 +947,20 @@ export class StoreCatalog implements VolumeCatalog {
   async listWithAccounting(): Promise<StoreVolumeInfo[]> {
     const infos = await this.list();
     const maps = new Map<string, MappedExtent[]>();
-    await mapLimit(infos, 4, async (v) => { maps.set(v.name, await this.mappedExtents(await this.record(v.name))); });
+    await mapLimit(infos, 4, async (v) => { maps.set(v.name, await this.mappedExtents(await this.rawRecord(v.name))); });
     const acc = accountMaps(maps);
     return infos.map((v) => ({ ...v, ...acc.get(v.name) }));
   }
 
   /** Load a volume's map without serving it (read-only; no lease, no cache reads). */
   async loadMap(name: string): Promise<Volume> {
-    return this.openView(await this.record(name));
+    return this.openView(await this.rawRecord(name));
   }
 
   /** A read-only view of a record's map, optionally recovered through another store (GC tracks what recovery reads). */
   async openView(rec: VolumeRecord, store: ObjectStore = this.opts.store, quiet = false): Promise<Volume> {
     const log = quiet ? this.opts.log.child({}, { level: 'warn' }) : this.opts.log;
+    rec = await this.effective(rec); // its size now, and the largest its log may name
     return Volume.open(rec, { ...this.opts.volume, store, cache: await this.opts.cache(), log, readOnly: true });
   }
 
@@ -745,7 +988,7 @@ export class StoreCatalog implements VolumeCatalog {
     let stopped = false;
     let view: Volume | null = null;
     const run = async (): Promise<void> => {
-      const rec = await this.record(name);
+      const rec = await this.rawRecord(name);
       if (stopped) return;
       view = await this.openView(rec);
       if (stopped) return;

@@ -52,6 +52,9 @@ export const keys = {
   volumesPrefix: 'volumes/',
   volumePrefix: (id: string) => `vol/${id}/`,
   meta: (id: string) => `vol/${id}/meta`,
+  /** Attribute records of a volume id (size and expiry changes): outside vol/, so GC never lists them. */
+  attrsPrefix: (id: string) => `attrs/${id}/`,
+  attrs: (id: string, seq: number) => `attrs/${id}/${seqStr(seq)}`,
   logPrefix: (id: string) => `vol/${id}/log/`,
   log: (id: string, seq: number) => `vol/${id}/log/${seqStr(seq)}`,
   checkpointPrefix: (id: string) => `vol/${id}/checkpoint/`,
@@ -118,6 +121,32 @@ export interface VolumeRecord {
   of?: string;
   /** How its data is stored (absent: made before issue 16, see DataSettings). */
   data?: DataSettings;
+  /** When it expires (ISO time): GC removes it after that unless a host serves it (docs/rfc-lifecycle.md). */
+  expiresAt?: string;
+  /**
+   * The largest size this volume's log (and its ancestors' up to its fork point) may name
+   * extents within, when larger than `size`: a volume shrunk, or forked from one. Absent: `size`.
+   */
+  recoverySize?: number;
+}
+
+/**
+ * attrs/<id>/<seq:20>: a change of a volume's size or expiry, created with a create-only put at
+ * the next position. The newest record that sets a field wins over the volume record's.
+ * `expiresAt: null` clears the expiry.
+ */
+export interface AttrsRecord {
+  format: 'baton-attrs-1';
+  size?: number;
+  expiresAt?: string | null;
+  time: string;
+}
+
+export function decodeAttrsRecord(b: Buffer, key: string): AttrsRecord {
+  let r: AttrsRecord;
+  try { r = JSON.parse(b.toString('utf8')) as AttrsRecord; } catch { throw new CorruptError(`${key}: attribute record is not JSON`); }
+  if (r.format !== 'baton-attrs-1' || (r.size !== undefined && !Number.isSafeInteger(r.size))) throw new CorruptError(`${key}: not a baton attribute record`);
+  return r;
 }
 
 export function encodeVolumeRecord(r: VolumeRecord): Buffer {

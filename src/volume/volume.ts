@@ -256,7 +256,16 @@ const WS_CHECKPOINT_RECORDS = 8;
 const HYDRATE_ALL_WINDOW = 16 * 1024 * 1024;
 
 export class Volume implements BlockBackend {
-  readonly size: number;
+  /** The size clients see; only grows while open (grow()). */
+  private sizeNow: number;
+  get size(): number { return this.sizeNow; }
+  /**
+   * What log records and checkpoints are validated against: the largest size this volume (and,
+   * for a fork, its ancestors up to the fork point) ever had (format.ts VolumeRecord.recoverySize).
+   * A volume shrunk with --shrink had no data past its new end, but its older records may
+   * still name extents there (later trimmed): they stay readable, and name no data.
+   */
+  private recoverySize: number;
   readonly readOnly: boolean;
   private readonly store: ObjectStore;
   /**
@@ -345,7 +354,8 @@ export class Volume implements BlockBackend {
   private refreshing: Promise<void> | null = null;
 
   private constructor(private readonly record: VolumeRecord, private readonly opts: VolumeOptions) {
-    this.size = record.size;
+    this.sizeNow = record.size;
+    this.recoverySize = Math.max(record.size, record.recoverySize ?? 0);
     this.id = record.id;
     this.readOnly = opts.readOnly;
     this.store = opts.store;
@@ -462,7 +472,7 @@ export class Volume implements BlockBackend {
 
   /** Start from checkpoint `c` of this volume. */
   private async resetTo(c: CheckpointData): Promise<void> {
-    this.committed = await mapOfCheckpoint(c, this.size, this.world);
+    this.committed = await mapOfCheckpoint(c, this.recoverySize, this.world);
     this.highestTokenSeen = c.token;
     this.lastRecordId = c.lastId;
     this.nextSeq = c.seq + 1;
@@ -483,7 +493,7 @@ export class Volume implements BlockBackend {
     for (const cp of cps) {
       const c = await this.readCheckpoint(cp.key);
       if (!c) continue;
-      const map = await mapOfCheckpoint(c, this.size, this.world);
+      const map = await mapOfCheckpoint(c, this.recoverySize, this.world);
       const ws = workingSetOf(c, this.size);
       try {
         await this.replayInto(map, id, c.seq, seq, { fence: c.token, lastId: c.lastId, ws });
@@ -541,7 +551,7 @@ export class Volume implements BlockBackend {
     for (let i = 0; i < logs.length; i++) {
       const { header, dataStart } = headers[i]!;
       if (recordCounts(header, fence)) {
-        applyRecord(map, this.size, logs[i]!.key, header, dataStart, logs[i]!.size);
+        applyRecord(map, this.recoverySize, logs[i]!.key, header, dataStart, logs[i]!.size);
         if (state.ws) for (const [off, len, src] of header.extents) if (src !== SRC_HOLE && src !== SRC_ZERO) state.ws.touch(off, len);
         fence = fenceAfter(header, fence);
       } else {
@@ -652,7 +662,7 @@ export class Volume implements BlockBackend {
   /** Our own record landed at the next position: it is in the log for everyone. */
   private landRecord(key: string, h: LogHeader, dataStart: number, recordSize: number): void {
     assert(h.seq === this.nextSeq, `landing position ${h.seq} while the log is at ${this.nextSeq}`);
-    applyRecord(this.committed, this.size, key, h, dataStart, recordSize);
+    applyRecord(this.committed, this.recoverySize, key, h, dataStart, recordSize);
     this.highestTokenSeen = fenceAfter(h, this.highestTokenSeen);
     this.lastRecordId = h.id;
     this.nextSeq = h.seq + 1;
@@ -1531,6 +1541,29 @@ export class Volume implements BlockBackend {
     this.committedBytes += bytes;
     this.commitSeconds.observe((this.world.now() - a.startedAt) / 1000);
     this.maybeCheckpoint();
+    // Told after the record is applied: what it made durable is in the store (the API's
+    // `flushed` event). A listener's failure is not the commit's.
+    for (const cb of this.committedListeners) {
+      try { cb({ seq: a.seq, bytes }); } catch { /* a listener's own bug */ }
+    }
+  }
+
+  /**
+   * The volume was grown in the store (`baton resize`): serve the new size from now on. Only
+   * ever grows: bytes past the old end read as zeroes (nothing is mapped there), and
+   * connections attached before keep validating against the size they negotiated.
+   */
+  grow(size: number): void {
+    if (size <= this.sizeNow) return;
+    this.sizeNow = size;
+    this.recoverySize = Math.max(this.recoverySize, size);
+  }
+
+  private readonly committedListeners: ((c: { seq: number; bytes: number }) => void)[] = [];
+
+  /** Called after each commit landed (log position `seq`, `bytes` put for it). */
+  onCommitted(cb: (c: { seq: number; bytes: number }) => void): void {
+    this.committedListeners.push(cb);
   }
 
   /**

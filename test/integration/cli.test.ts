@@ -74,7 +74,7 @@ test('bad input gets a clear error and exit code 2, never a stack trace', (t) =>
 });
 
 test('--help of every command has examples', (t) => {
-  for (const cmd of [[], ['serve'], ['create'], ['ls'], ['info'], ['rm'], ['fork'], ['snapshot'], ['diff'], ['gc'], ['handoff'], ['status'], ['prefetch']]) {
+  for (const cmd of [[], ['serve'], ['create'], ['ls'], ['info'], ['rm'], ['fork'], ['snapshot'], ['diff'], ['gc'], ['handoff'], ['status'], ['prefetch'], ['rename']]) {
     const r = baton([...cmd, '--help']);
     t.is(r.status, 0);
     t.regex(r.stdout, /Examples:\n\s+\$ baton /, `baton ${cmd.join(' ')} --help`);
