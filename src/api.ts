@@ -268,17 +268,18 @@ export class Deployment {
   /** A sparse volume of `size` bytes (a multiple of 4096). */
   async create(name: string, options: CreateOptions): Promise<StoreVolumeInfo> {
     const c = this.catalog;
-    const data = {
+    if (!(c instanceof StoreCatalog)) {
+      // The plain backends (ram:, raw:DIR) store bytes as they are: compression and the frame
+      // format do not apply to them; expiry and encryption would be promises they cannot keep.
+      if (options.expiresInMs !== undefined || options.encrypt) throw new InvalidArgumentError(`${options.encrypt ? 'encryption' : 'expiry'} needs an object store (file:DIR, s3://, memory:), not ${this.store}`);
+      return c.create(name, options.size);
+    }
+    return c.create(name, options.size, {
       ...(options.compression !== undefined ? { compression: options.compression } : {}),
       ...(options.dataFormat !== undefined ? { format: options.dataFormat } : {}),
       ...(options.encrypt ? { encrypt: true } : {}),
-    };
-    if (options.expiresInMs !== undefined || Object.keys(data).length > 0) {
-      const what = options.expiresInMs !== undefined ? 'expiry' : 'data settings (compression, encryption)';
-      if (!(c instanceof StoreCatalog)) throw new InvalidArgumentError(`${what} needs an object store (file:DIR, s3://, memory:), not ${this.store}`);
-      return c.create(name, options.size, { ...data, ...(options.expiresInMs !== undefined ? { expiresAt: expiryTime(options.expiresInMs) } : {}) });
-    }
-    return c.create(name, options.size);
+      ...(options.expiresInMs !== undefined ? { expiresAt: expiryTime(options.expiresInMs) } : {}),
+    });
   }
 
   /** Every volume and snapshot (with space accounting unless `accounting: false`). */
