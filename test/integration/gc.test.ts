@@ -121,7 +121,8 @@ serial('TRIM reclaim: 1 GiB written and deleted in ext4, fstrim, gc: the store k
 withQemu('background: a served volume is compacted and collected while its client keeps reading', async (t) => {
   const store = `file:${path.join(tempDir(t, 'baton-gc-store-'), 'store')}`;
   // Objects are 1 MiB (segment) or smaller (inline): overwrite 3/4 of each MiB so all are mostly dead.
-  const A = await serverOn(t, store, ['--gc-interval', '2.5s', '--gc-grace', '2s', '--compact-below', '0.5'], [{ name: 'bg', size: 64 * MiB }]);
+  // Uncompressed (--compression off): the test counts stored bytes, and qemu-io writes one repeated byte.
+  const A = await serverOn(t, store, ['--gc-interval', '2.5s', '--gc-grace', '2s', '--compact-below', '0.5', '--compression', 'off'], [{ name: 'bg', size: 64 * MiB }]);
   const uri = A.uri('bg');
   const io = async (cmds: string[]): Promise<string> => (await runOk('qemu-io', ['-f', 'raw', ...cmds.flatMap((c) => ['-c', c]), uri], { timeoutMs: 120_000 })).stdout;
   await io(['write -P 0x11 0 32M', 'flush']);
@@ -173,7 +174,8 @@ withQemu('background: a served volume is compacted and collected while its clien
     return r.stdout;
   };
   const start = () => startBatonServer(t, { store, env, volumes: [], extraArgs: [...storeArgs, '--cache-dir', tempDir(t, 'baton-gc-cache-'), '--idle-grace', '0.2'] });
-  await cli(['create', 'p', '--size', '64M']);
+  // Uncompressed: the test counts stored bytes, and qemu-io writes one repeated byte.
+  await cli(['create', 'p', '--size', '64M', '--compression', 'none']);
   let A = await start();
   const io = async (name: string, cmds: string[]): Promise<string> => (await runOk('qemu-io', ['-f', 'raw', ...cmds.flatMap((c) => ['-c', c]), A.uri(name)], { timeoutMs: 120_000 })).stdout;
   await io('p', ['write -P 0xa1 0 16M', 'flush']);
