@@ -55,7 +55,7 @@ export function baton(args: string[], env?: Record<string, string>): { status: n
   return { status: r.status ?? -1, stdout: r.stdout, stderr: r.stderr };
 }
 
-export async function waitForSocket(socket: string, timeoutMs = 15_000): Promise<void> {
+export async function waitForSocket(socket: string, timeoutMs = 30_000): Promise<void> {
   const deadline = Date.now() + timeoutMs;
   for (;;) {
     const ok = await new Promise<boolean>((resolve) => {
