@@ -21,7 +21,7 @@
 import { randomBytes } from 'node:crypto';
 import { PreconditionFailedError, StoreUnavailableError, TimeoutError, errorMessage, isBatonError } from '../errors.js';
 import { DurationHistogram } from '../histogram.js';
-import type { ByteRange, ListOptions, LocalObjects, ObjectHead, ObjectInfo, ObjectStore, PutOptions } from './object-store.js';
+import type { ByteRange, DeleteOptions, ListOptions, LocalObjects, ObjectHead, ObjectInfo, ObjectStore, PutOptions } from './object-store.js';
 
 /** Metadata key stamped on every put so an ambiguous create-only retry can be resolved. */
 export const PUT_ID_META = 'baton-put-id';
@@ -172,7 +172,7 @@ export class RetryingObjectStore implements ObjectStore {
     await this.#sleep(delayMs);
   }
 
-  async #run<T>(op: StoreOp, key: string, fn: () => Promise<T>): Promise<T> {
+  async #run<T>(op: StoreOp, key: string, fn: () => Promise<T>, onRetry?: () => void): Promise<T> {
     const deadline = this.#deadline();
     let last: unknown;
     for (let attempt = 1; ; attempt++) {
@@ -181,6 +181,7 @@ export class RetryingObjectStore implements ObjectStore {
       } catch (err) {
         const delayMs = this.#delay(attempt);
         if (!this.#mayRetry(err, attempt, deadline, delayMs)) throw this.#giveUp(op, key, err, attempt, deadline, delayMs);
+        onRetry?.();
         last = err;
         await this.#backoff(op, key, attempt, err, delayMs);
       }
@@ -195,8 +196,8 @@ export class RetryingObjectStore implements ObjectStore {
     return this.#run('head', key, () => this.next.head(key));
   }
 
-  delete(key: string): Promise<void> {
-    return this.#run('delete', key, () => this.next.delete(key));
+  delete(key: string, options?: DeleteOptions): Promise<void> {
+    return this.#run('delete', key, () => this.next.delete(key, options), options?.onRetry);
   }
 
   async put(key: string, body: Buffer, options?: PutOptions): Promise<void> {
@@ -466,8 +467,8 @@ export class FaultyObjectStore implements ObjectStore {
     return this.#request('head', key, () => this.next.head(key));
   }
 
-  delete(key: string): Promise<void> {
-    return this.#request('delete', key, () => this.next.delete(key));
+  delete(key: string, options?: DeleteOptions): Promise<void> {
+    return this.#request('delete', key, () => this.next.delete(key, options));
   }
 
   /** A listing is one request for fault purposes: faults strike before the first key, or (lost reply) after the last. */
@@ -643,8 +644,8 @@ export class InstrumentedObjectStore implements ObjectStore {
     return this.#count('head', () => this.next.head(key), () => 0);
   }
 
-  delete(key: string): Promise<void> {
-    return this.#count('delete', () => this.next.delete(key), () => 0);
+  delete(key: string, options?: DeleteOptions): Promise<void> {
+    return this.#count('delete', () => this.next.delete(key, options), () => 0);
   }
 
   /**

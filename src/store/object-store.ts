@@ -46,6 +46,16 @@ export interface PutOptions {
   onRetry?: () => void;
 }
 
+export interface DeleteOptions {
+  /**
+   * Told when a retrying layer sends this delete again after a try that may still be on its
+   * way (timed out, reply lost): that try may land later, up to M after it was sent. A caller
+   * that lets the key be written again right after the delete returned (a volume name: rm,
+   * then create) waits that out, or the late try deletes the new object.
+   */
+  onRetry?: () => void;
+}
+
 export interface ByteRange {
   offset: number;
   length: number;
@@ -113,7 +123,7 @@ export interface ObjectStore {
   head(key: string): Promise<ObjectHead | null>;
   /** Keys starting with `prefix`, in lexicographic (UTF-8 byte) order. */
   list(prefix: string, options?: ListOptions): AsyncIterable<ObjectInfo>;
-  delete(key: string): Promise<void>;
+  delete(key: string, options?: DeleteOptions): Promise<void>;
   /** Release sockets, file handles. */
   close(): Promise<void>;
 }

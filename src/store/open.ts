@@ -30,7 +30,7 @@ import { MemoryObjectStore } from './memory.js';
 import type { ObjectStore } from './object-store.js';
 import { SettingsCheckedObjectStore, processSettings, type StoreSettings } from './probe.js';
 import type { S3ObjectStore, S3StoreOptions, S3Timeouts } from './s3.js';
-import type { ByteRange, ListOptions, ObjectHead, ObjectInfo, PutOptions } from './object-store.js';
+import type { ByteRange, DeleteOptions, ListOptions, ObjectHead, ObjectInfo, PutOptions } from './object-store.js';
 
 /**
  * `file:` + ($BATON_HOME or $XDG_DATA_HOME/baton or ~/.local/share/baton) + `/store`, unless
@@ -233,6 +233,6 @@ class LazyObjectStore implements ObjectStore {
   async put(key: string, body: Buffer, options?: PutOptions): Promise<void> { return (await this.#get()).put(key, body, options); }
   async head(key: string): Promise<ObjectHead | null> { return (await this.#get()).head(key); }
   async *list(prefix: string, options?: ListOptions): AsyncIterable<ObjectInfo> { yield* (await this.#get()).list(prefix, options); }
-  async delete(key: string): Promise<void> { return (await this.#get()).delete(key); }
+  async delete(key: string, options?: DeleteOptions): Promise<void> { return (await this.#get()).delete(key, options); }
   async close(): Promise<void> { if (this.#store) await (await this.#store).close(); }
 }

@@ -20,7 +20,7 @@ import { hostname } from 'node:os';
 import { CorruptError, MisconfiguredError, StoreUnsafeError, errorMessage, isBatonError } from '../errors.js';
 import { maxOperationMs } from '../volume/format.js';
 import { PUT_ID_META, RetryingObjectStore, isRetryable, newPutId } from './decorators.js';
-import type { ByteRange, ListOptions, LocalObjects, ObjectHead, ObjectInfo, ObjectStore, PutOptions } from './object-store.js';
+import type { ByteRange, DeleteOptions, ListOptions, LocalObjects, ObjectHead, ObjectInfo, ObjectStore, PutOptions } from './object-store.js';
 
 export const PROBE_PREFIX = '_probe/';
 
@@ -324,9 +324,9 @@ export class SettingsCheckedObjectStore implements ObjectStore {
     return this.#ready(true).then(() => this.next.put(key, body, options));
   }
 
-  delete(key: string): Promise<void> {
-    if (this.#state === 'ok') return this.next.delete(key);
-    return this.#ready(true).then(() => this.next.delete(key));
+  delete(key: string, options?: DeleteOptions): Promise<void> {
+    if (this.#state === 'ok') return this.next.delete(key, options);
+    return this.#ready(true).then(() => this.next.delete(key, options));
   }
 
   list(prefix: string, options?: ListOptions): AsyncIterable<ObjectInfo> {

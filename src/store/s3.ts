@@ -58,7 +58,7 @@ import {
 } from '../errors.js';
 import { PUT_ID_META, newPutId } from './decorators.js';
 import { compareKeys, rangeError, validateKey, validateMetadata, validateRange } from './memory.js';
-import type { ByteRange, ListOptions, ObjectHead, ObjectInfo, ObjectStore, PutOptions } from './object-store.js';
+import type { ByteRange, DeleteOptions, ListOptions, ObjectHead, ObjectInfo, ObjectStore, PutOptions } from './object-store.js';
 
 export interface S3Credentials {
   accessKeyId: string;
@@ -497,11 +497,14 @@ export class S3ObjectStore implements ObjectStore {
     } while (token !== undefined);
   }
 
-  async delete(key: string): Promise<void> {
+  async delete(key: string, options?: DeleteOptions): Promise<void> {
     validateKey(key);
     try {
-      await this.#call(0, (sendOptions) => this.client.send(new DeleteObjectCommand({ Bucket: this.bucket, Key: this.prefix + key }), sendOptions));
+      const out = await this.#call(0, (sendOptions) => this.client.send(new DeleteObjectCommand({ Bucket: this.bucket, Key: this.prefix + key }), sendOptions));
+      // The SDK's own retries: an earlier attempt of this delete may still be on its way.
+      if ((out.$metadata.attempts ?? 1) > 1) options?.onRetry?.();
     } catch (err) {
+      if ((shape(err).$metadata?.attempts ?? 1) > 1) options?.onRetry?.();
       const mapped = this.mapError('delete', key, err);
       if (mapped instanceof NotFoundError) return;
       throw mapped;

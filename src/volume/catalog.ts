@@ -464,15 +464,49 @@ export class StoreCatalog implements VolumeCatalog {
     // so that a transient error removes nothing rather than only the snapshots.
     if (snaps.length > 0) await this.descendantsBeforeRemoving(rec);
     const removedSnapshots: string[] = [];
-    for (const s of snaps) {
-      try {
-        await this.removeRecord(s);
-      } catch (err) {
-        throw rewrap(err, `${errorMessage(err)}${removedSnapshots.length ? ` (already removed: ${removedSnapshots.join(', ')})` : ''}; ${name} was not removed`);
+    const late = { until: 0 };
+    try {
+      for (const s of snaps) {
+        try {
+          await this.removeRecord(s, late);
+        } catch (err) {
+          throw rewrap(err, `${errorMessage(err)}${removedSnapshots.length ? ` (already removed: ${removedSnapshots.join(', ')})` : ''}; ${name} was not removed`);
+        }
+        removedSnapshots.push(s.name);
       }
-      removedSnapshots.push(s.name);
+      return { ...(await this.removeRecord(rec, late)), removedSnapshots };
+    } finally {
+      await this.settleDeletes(name, late.until);
     }
-    return { ...(await this.removeRecord(rec)), removedSnapshots };
+  }
+
+  /**
+   * Delete a record's name. `late.until` becomes the time until which an earlier try of this
+   * delete may still land, if the retrying store had to send it again (settleDeletes).
+   */
+  private async deleteName(name: string, late: { until: number }): Promise<void> {
+    let retried = false;
+    await this.opts.store.delete(keys.volumeRecord(name), { onRetry: () => { retried = true; } });
+    // Every try was issued before the call returned; each lands within M of being issued or never.
+    if (retried) late.until = Math.max(late.until, this.world.now() + this.maxOpMs);
+  }
+
+  /**
+   * Return only once no try of a record delete of ours can land any more. A name may be made
+   * again the moment rm returns (`rm work` then `create work`; rename --replace): a try of the
+   * old record's delete still on its way (timed out or lost its reply inside the retrying
+   * store, which then tried again) would land on the new volume's record and remove it, and
+   * its data, named by nothing, would go with the next GC (simulator, a name used again; the
+   * test "rm whose record delete was retried" in catalog-sim-findings). The design bounds
+   * every request: it lands within M of being issued, or never (format.ts timeBounds). Costs
+   * M only after a delete that needed a retry, as settle does for puts.
+   */
+  private async settleDeletes(name: string, until: number): Promise<void> {
+    const waitMs = until - this.world.now();
+    if (waitMs <= 0) return;
+    this.opts.log.info({ name, waitMs: Math.round(waitMs), maxOperationMs: this.maxOpMs },
+      `rm of ${name}: its record's delete needed a retry: waiting until the earlier try can no longer land (M, BATON_MAX_OPERATION_MS), so that it cannot remove a volume made under the same name next`);
+    await this.wait(waitMs);
   }
 
   /** Step (1) of remove: true/false if it can be told, else an error saying nothing was removed. */
@@ -484,9 +518,9 @@ export class StoreCatalog implements VolumeCatalog {
     }
   }
 
-  private async removeRecord(rec: VolumeRecord): Promise<RemoveResult> {
+  private async removeRecord(rec: VolumeRecord, late: { until: number }): Promise<RemoveResult> {
     const before = await this.descendantsBeforeRemoving(rec);
-    await this.opts.store.delete(keys.volumeRecord(rec.name));
+    await this.deleteName(rec.name, late);
     if (before) return { deletedObjects: 0, keptForRelatives: true }; // descendants do not vanish by themselves
     let after: boolean;
     try {

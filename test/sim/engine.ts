@@ -434,7 +434,12 @@ export async function adminActor(run: SimRun, node: Node): Promise<void> {
 }
 
 async function create(run: SimRun, node: Node, rng: Rng): Promise<void> {
-  const name = run.newName('v');
+  // Now and then the name of a volume removed earlier: whatever of the old one's requests
+  // still lands late (a delete of its record retried by its rm) must not touch the new one.
+  // The most recent one (its rm's requests are the likeliest to be still on their way).
+  const reuse = run.reusableNames.length > 0 && run.reuseRng.chance(0.7);
+  const name = reuse ? run.reusableNames.pop()! : run.newName('v');
+  if (reuse) { run.count('namesReused'); run.note(`  create ${name}: a name used before`); }
   const catalog = node.catalog('admin');
   let failed: unknown = null;
   try {
@@ -518,6 +523,7 @@ async function remove(run: SimRun, node: Node, l: Live): Promise<boolean> {
   try {
     const r = await run.op(node, `rm ${l.name}`, () => catalog.remove(l.name, { snapshots: true }));
     for (const x of [l, ...snaps]) { run.live.delete(x.name); x.vm.removed = true; }
+    if (l.vm.kind === 'volume') run.reusableNames.push(l.name);
     run.count('removals');
     run.note(`  removed ${l.name}${snaps.length ? ` with ${snaps.map((x) => x.name).join(', ')}` : ''}: ${r.keptForRelatives ? 'kept for relatives' : `${r.deletedObjects} objects deleted`}`);
     return r.keptForRelatives;

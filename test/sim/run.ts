@@ -267,6 +267,13 @@ export class SimRun {
   private verifying = false;
   readonly live = new Map<string, Live>();
   private nameCounter = 0;
+  /**
+   * Names of volumes an rm removed (it returned success), which a later create may take again,
+   * as users do (`rm work` then `create work`, or rename --replace). Drawn from a stream of its
+   * own (not the workload's), so every other draw, and the regression seeds, are unchanged.
+   */
+  readonly reusableNames: string[] = [];
+  readonly reuseRng: Rng;
   private readonly ops = new Map<number, OpRec>();
   private opIds = 0;
   readonly failedReads: { buf: Buffer; copy: Buffer; until: number; what: string }[] = [];
@@ -286,6 +293,7 @@ export class SimRun {
     this.sim = new Sim(opts.seed);
     this.off = opts.off ?? new Set();
     this.rng = this.sim.rng.derive('workload');
+    this.reuseRng = new Rng((this.opts.seed ^ 0x6e616d65) >>> 0);
     this.config = drawConfig(this.sim.rng.derive('config'), (c) => this.on(c));
     // Its own stream: the draws of configurations made before encryption existed are unchanged.
     this.config.encrypt = this.sim.rng.derive('encrypt').pick(['none', 'all', 'some'] as const);

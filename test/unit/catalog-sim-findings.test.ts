@@ -395,3 +395,30 @@ test('F6 (simulator seed 1980): a meta put whose first try landed unanswered, an
   t.truthy(await s.inner.head(keys.meta(rec.id)), 'the created volume has its meta');
   t.deepEqual(await s.metas(), [keys.meta(rec.id)], 'nothing else is left behind');
 });
+
+// ------------------------------------------------------------------ a name used again
+
+test('rm whose record delete was retried, then create of the same name: the late first try of the delete does not remove the new volume', async (t) => {
+  const s = setup();
+  await s.world.drive(s.catalog.create('w', 64 * MiB));
+  const old = await s.world.drive(s.catalog.record('w'));
+  let tries = 0;
+  const late: Sent[] = [];
+  s.net.fate = (r) => {
+    // rm's delete of the record: its first try gets no answer (the client gives up after 2 s
+    // and the retrying store tries again, which lands at once) and lands 0.9 M after it was sent.
+    if (r.op === 'delete' && r.key === keys.volumeRecord('w') && ++tries === 1) { late.push(r); return { landMs: 0.9 * M, replyMs: 2_000 }; }
+    return NORMAL;
+  };
+  await s.world.drive(s.catalog.remove('w'));
+  // The user makes `w` again at once (or rename --replace lands its new `w`).
+  await s.world.drive(s.catalog.create('w', 64 * MiB));
+  const made = await s.world.drive(s.catalog.record('w'));
+  t.not(made.id, old.id);
+  await s.world.quiesce(); // the late try lands, if it has not yet
+  t.is(late.length, 1, 'the first try of the delete was sent and landed late');
+  t.deepEqual(s.net.beyondBound, [], 'no request landed more than M after it was issued');
+  const rec = await s.world.drive(s.catalog.record('w')).catch(() => null);
+  t.truthy(rec, 'the volume made after rm returned still exists');
+  t.is(rec?.id, made.id);
+});

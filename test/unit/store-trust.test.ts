@@ -500,3 +500,35 @@ test('11: bodies are sent UNSIGNED-PAYLOAD over https and to loopback, signed (t
   await s3At(t, endpoint, { signPayload: true }).put('k2', body);
   t.deepEqual(seen, ['UNSIGNED-PAYLOAD', createHash('sha256').update(body).digest('hex')]);
 });
+
+// --- a delete retried: the caller is told (catalog.remove then waits out the earlier try) ----
+
+test('a delete the SDK had to send again tells onRetry (an earlier attempt may still land); one that went through at once does not', async (t) => {
+  let deletes = 0;
+  const endpoint = await fakeS3(t, (req, res) => {
+    if (req.method !== 'DELETE') { res.writeHead(404); res.end(); return; }
+    deletes++;
+    if (req.url!.includes('flaky') && deletes === 1) { res.writeHead(503, { 'content-type': 'application/xml' }); res.end('<Error><Code>SlowDown</Code><Message>again</Message></Error>'); return; }
+    res.writeHead(204);
+    res.end();
+  });
+  const s3 = s3At(t, endpoint, { maxAttempts: 3 });
+  let told = 0;
+  await s3.delete('vol/a/flaky', { onRetry: () => { told++; } });
+  t.is(deletes, 2, 'the SDK sent the delete twice');
+  t.is(told, 1);
+  await s3.delete('vol/a/fine', { onRetry: () => { told++; } });
+  t.is(told, 1, 'a delete answered at the first attempt is not a retry');
+});
+
+test('the retrying store tells a delete\'s onRetry when it sends it again', async (t) => {
+  const inner = new MemoryObjectStore('memory:');
+  await inner.put('k', Buffer.from('x'));
+  const faulty = new FaultyObjectStore(inner);
+  faulty.failNext(1, 'delete');
+  const store = new RetryingObjectStore(faulty, { attempts: 3, sleep: () => Promise.resolve() });
+  let told = 0;
+  await store.delete('k', { onRetry: () => { told++; } });
+  t.is(told, 1);
+  t.is(await inner.head('k'), null);
+});
