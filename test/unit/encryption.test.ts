@@ -102,7 +102,7 @@ test('hydration of an encrypted volume on a new host fills the cache with stored
     put: (...args) => mem.put(...args),
     head: (...args) => mem.head(...args),
     list: (...args) => mem.list(...args),
-    delete: (...args) => mem.delete(...args),
+    delete: (key) => mem.delete(key),
     close: () => mem.close(),
   };
   const slab = new MemorySlab();
