@@ -9,6 +9,7 @@
 # fleet (one store with 10, 1,000 and 10,000 volumes: ls, info, serve start-up, attach, GC requests): VOLUMES, WRITTEN_EVERY, MAX_OP_MS.
 # scale (maps of 10k, 1M and 10M extents: memory, checkpoint, recovery, compaction planning, event-loop delay): EXTENTS, DATA_EVERY, FLUSH_EVERY.
 # hydrate (issue 13: the seed's workspace, ~10,000 files, read on the host that built it vs a new host with an empty cache, --hydrate off / working-set / all; file: +20 ms and radosgw; root): SIZE, PACKAGES, FILES, LATENCY_MS, ROUNDS, FILE, RGW, SEED.
+# frames (issue 16: store ÷ logical bytes of workspaces and random data, throughput and FLUSH of raw / crc / lz4 / encrypted volumes; ext4 rows need root): SIZE, REPEAT, RUNTIME, RGW, WORKSPACES, SEED.
 # workspace-forks (three forks of the seed's git + npm workspace on ext4: fork, attach, commit, fsck, store bytes, rm + gc; root): SIZE, RGW, SEED.
 # soak is not in the default list (it runs 10 minutes): SCENARIOS=soak DURATION=10m npm run bench, or
 # node dist/bench/soak.js --duration 10m (root, redis-server, radosgw, fio, nbdfuse; see bench/README.md).
@@ -20,7 +21,7 @@ if ! npx tsc -p .; then
 fi
 failed=()
 export BENCH_STARTED=$(($(date +%s%N) / 1000000))
-for s in ${SCENARIOS:-nbd-throughput volume handoff fork workspace-forks hydrate gc scale fleet}; do
+for s in ${SCENARIOS:-nbd-throughput volume handoff fork workspace-forks hydrate gc scale fleet frames}; do
   if [[ "$s" == volume ]] && { [[ $EUID -ne 0 ]] || ! command -v radosgw >/dev/null; }; then
     # radosgw (scripts/rgw.sh) and losetup/mount for ext4 over nbdfuse.
     echo "bench: skipping volume: it needs root and radosgw (scripts/install-deps.sh)" >&2

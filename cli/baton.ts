@@ -312,7 +312,9 @@ withStore(program.command('ls')
     if (opts.json) { printJson(vols.map(volumeJson)); return; }
     if (vols.length === 0) { process.stdout.write(`no volumes in ${opts.store} (create one: baton create NAME --size 10G)\n`); return; }
     const fmt = (n: number | undefined): string => (n === undefined ? '-' : formatSize(n));
-    printTable([['NAME', 'SIZE', 'STORED', 'WRITTEN', 'EXCLUSIVE', 'SHARED', 'CREATED', 'EXPIRES'], ...vols.map((v: StoreVolumeInfo) => [displayName(v), formatSize(v.size), formatSize(v.storedBytes), fmt(v.writtenBytes), fmt(v.exclusiveBytes), fmt(v.sharedBytes), v.createdAt, v.expiresAt ?? '-'])]);
+    // WRITTEN is logical (what the map names); in parentheses what it costs in the store per logical byte (compression).
+    const written = (v: StoreVolumeInfo): string => (v.writtenBytes && v.writtenStoredBytes !== undefined ? `${fmt(v.writtenBytes)} (${(v.writtenStoredBytes / v.writtenBytes).toFixed(2)})` : fmt(v.writtenBytes));
+    printTable([['NAME', 'SIZE', 'STORED', 'WRITTEN', 'EXCLUSIVE', 'SHARED', 'CREATED', 'EXPIRES'], ...vols.map((v: StoreVolumeInfo) => [displayName(v), formatSize(v.size), formatSize(v.storedBytes), written(v), fmt(v.exclusiveBytes), fmt(v.sharedBytes), v.createdAt, v.expiresAt ?? '-'])]);
   });
 
 withStore(program.command('info')
@@ -331,7 +333,7 @@ withStore(program.command('info')
         : `a removed volume${v.snapshotOf.id ? ` (id ${v.snapshotOf.id})` : ''}, not any volume named ${v.name.slice(0, v.name.indexOf('@'))} now`}`] : []),
       `size:      ${formatSize(v.size)} (${v.size} bytes)`,
       `stored:    ${formatSize(v.storedBytes)} under its own prefix`,
-      ...(v.writtenBytes !== undefined ? [`written:   ${formatSize(v.writtenBytes)} mapped${stored(v.writtenStoredBytes)}`, `exclusive: ${formatSize(v.exclusiveBytes ?? 0)}${stored(v.exclusiveStoredBytes)} (freed if it is removed)`, `shared:    ${formatSize(v.sharedBytes ?? 0)}${stored(v.sharedStoredBytes)} with forks and snapshots`] : []),
+      ...(v.writtenBytes !== undefined ? [`written:   ${formatSize(v.writtenBytes)} mapped${v.writtenBytes > 0 && v.writtenStoredBytes !== undefined ? ` (${formatSize(v.writtenStoredBytes)} stored: ${(v.writtenStoredBytes / v.writtenBytes).toFixed(2)}x)` : stored(v.writtenStoredBytes)}`, `exclusive: ${formatSize(v.exclusiveBytes ?? 0)}${stored(v.exclusiveStoredBytes)} (freed if it is removed)`, `shared:    ${formatSize(v.sharedBytes ?? 0)}${stored(v.sharedStoredBytes)} with forks and snapshots`] : []),
       ...(v.data ? [`data:      ${v.data.format}, compression ${v.data.compression}${v.data.encrypted ? `, encrypted (master key id ${v.data.keyId})` : ''}`] : []),
       ...(v.parent ? [`forked:    from volume id ${v.parent.id} at log record ${v.parent.seq}`] : []),
       `created:   ${v.createdAt}`,

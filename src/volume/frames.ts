@@ -394,7 +394,10 @@ export function decodeFrame(objectKey: string, seed: number, index: number, fram
     d.setAuthTag(payload.subarray(payload.length - GCM_TAG));
     let plain: Buffer;
     try {
-      plain = Buffer.concat([d.update(payload.subarray(0, payload.length - GCM_TAG)), d.final()]);
+      // GCM is a stream mode: update() returns every plaintext byte and final() only checks
+      // the tag (it returns nothing, and throws on a mismatch): nothing is used before it passed.
+      plain = d.update(payload.subarray(0, payload.length - GCM_TAG));
+      d.final();
     } catch {
       return fail('authentication failed (tampered, damaged, or another key\'s frame)');
     }

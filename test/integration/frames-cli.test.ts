@@ -95,4 +95,6 @@ withNbdcopy('serve --compression off stores new data uncompressed; the default c
   t.true(a.storedBytes >= 16 * MiB, 'uncompressed (frames and records add a little)');
   t.true(b.storedBytes < 4 * MiB, 'compressed');
   t.true((b.writtenStoredBytes ?? Infinity) < 4 * MiB && b.writtenBytes === 16 * MiB, 'accounting: logical and stored');
+  t.regex(baton(['ls', '--store', store]).stdout, /^b\s+64 MiB\s+\S+ \S+\s+16 MiB \(0\.0\d\)/m, 'ls: written, and its stored ratio');
+  t.regex(baton(['info', 'b', '--store', store]).stdout, /written:\s+16 MiB mapped \(\S+ \S+ stored: 0\.0\dx\)/);
 });

@@ -22,7 +22,7 @@ import * as path from 'node:path';
 import { attachExport, detachExport, mountExt4, run, runOk, sha256File } from '../helpers/ext4.js';
 import { GC_TEST_ENV, gcUntilQuiet, storeObjectBytes } from '../helpers/gc.js';
 import { hasS3, makeTestBucket, s3TestEnv } from '../helpers/s3.js';
-import { BATON_BIN, has, startBatonServer, tempDir, type BatonServer } from '../helpers/server.js';
+import { BATON_BIN, baton, has, startBatonServer, tempDir, type BatonServer } from '../helpers/server.js';
 
 const MiB = 1024 * 1024;
 const GiB = 1024 * MiB;
@@ -121,8 +121,10 @@ serial('TRIM reclaim: 1 GiB written and deleted in ext4, fstrim, gc: the store k
 withQemu('background: a served volume is compacted and collected while its client keeps reading', async (t) => {
   const store = `file:${path.join(tempDir(t, 'baton-gc-store-'), 'store')}`;
   // Objects are 1 MiB (segment) or smaller (inline): overwrite 3/4 of each MiB so all are mostly dead.
-  // Uncompressed (--compression off): the test counts stored bytes, and qemu-io writes one repeated byte.
-  const A = await serverOn(t, store, ['--gc-interval', '2.5s', '--gc-grace', '2s', '--compact-below', '0.5', '--compression', 'off'], [{ name: 'bg', size: 64 * MiB }]);
+  // Uncompressed (the patterns below would compress to nothing): stored bytes follow live bytes.
+  const made = baton(['create', 'bg', '--size', String(64 * MiB), '--compression', 'none', '--store', store], GC_TEST_ENV);
+  t.is(made.status, 0, made.stderr);
+  const A = await serverOn(t, store, ['--gc-interval', '2.5s', '--gc-grace', '2s', '--compact-below', '0.5']);
   const uri = A.uri('bg');
   const io = async (cmds: string[]): Promise<string> => (await runOk('qemu-io', ['-f', 'raw', ...cmds.flatMap((c) => ['-c', c]), uri], { timeoutMs: 120_000 })).stdout;
   await io(['write -P 0x11 0 32M', 'flush']);
@@ -174,8 +176,7 @@ withQemu('background: a served volume is compacted and collected while its clien
     return r.stdout;
   };
   const start = () => startBatonServer(t, { store, env, volumes: [], extraArgs: [...storeArgs, '--cache-dir', tempDir(t, 'baton-gc-cache-'), '--idle-grace', '0.2'] });
-  // Uncompressed: the test counts stored bytes, and qemu-io writes one repeated byte.
-  await cli(['create', 'p', '--size', '64M', '--compression', 'none']);
+  await cli(['create', 'p', '--size', '64M', '--compression', 'none']); // byte counts below are the data's (qemu-io patterns compress to nothing)
   let A = await start();
   const io = async (name: string, cmds: string[]): Promise<string> => (await runOk('qemu-io', ['-f', 'raw', ...cmds.flatMap((c) => ['-c', c]), A.uri(name)], { timeoutMs: 120_000 })).stdout;
   await io('p', ['write -P 0xa1 0 16M', 'flush']);

@@ -118,6 +118,7 @@ serial('a new host hydrates the working set a SIGKILLed host left, then serves t
     };
   }
   t.log(`store: ${target.label}`);
+  // Uncompressed frames: the bytes hydration fetches are then comparable with the working set's logical bytes.
   const created = baton(['create', VOLUME, '--size', String(VOLUME_SIZE), '--compression', 'none', '--store', target.store, ...target.storeArgs], target.env);
   if (created.status !== 0) throw new Error(`baton create failed: ${created.stderr}`);
 
@@ -195,7 +196,7 @@ withNbdcopy('baton prefetch warms a host\'s cache with the working set (JSON pro
   const store = `file:${path.join(dir, 'store')}`;
   // 5 ms per request: the read cache is used (a faulty store hides in-place reads).
   const env = { BATON_HOME: path.join(dir, 'home'), BATON_FAULTS: '{"latencyMs":5}' };
-  const created = baton(['create', 'v', '--size', '64M', '--compression', 'none', '--store', store], env);
+  const created = baton(['create', 'v', '--size', '64M', '--compression', 'none', '--store', store], env); // fetched bytes comparable with the 8 MiB written
   t.is(created.status, 0, created.stderr);
   const data = path.join(dir, 'data.bin');
   fs.writeFileSync(data, Buffer.alloc(8 * MiB, 0x61));

@@ -87,6 +87,39 @@ test('an encrypted volume: reads back, no plaintext in the store or in the read 
   t.true(Buffer.concat([...slots.values()]).includes('wJalrXUtnFEMI'), 'the check can fail: a plain volume\'s cached frames hold it');
 });
 
+test('hydration of an encrypted volume on a new host fills the cache with stored (encrypted) bytes only; reads then need no GET', async (t) => {
+  const mem = new MemoryObjectStore();
+  const a = host(mem, K1);
+  await a.catalog.create('sec', 16 * MiB, { encrypt: true });
+  const v = await a.open('sec');
+  const data = secretText(2 * MiB + 777);
+  await v.write(0, data, true);
+  await v.close(); // a checkpoint with the working set
+  let gets = 0;
+  const counting: ObjectStore = {
+    get description() { return mem.description; },
+    get: (...args) => { gets++; return mem.get(...args); },
+    put: (...args) => mem.put(...args),
+    head: (...args) => mem.head(...args),
+    list: (...args) => mem.list(...args),
+    delete: (key) => mem.delete(key),
+    close: () => mem.close(),
+  };
+  const slab = new MemorySlab();
+  const cache = await BlockCache.open({ capacityBytes: 64 * MiB, slab });
+  const w = await host(counting, K1, cache).open('sec', true);
+  const h = w.startHydration({ mode: 'all' });
+  t.truthy(h, 'hydration runs (not a local store)');
+  await h!.done;
+  await cache.drain();
+  const slots = (slab as unknown as { slots: Map<number, Buffer> }).slots;
+  t.true(slots.size > 0, 'hydration filled the cache');
+  t.false(Buffer.concat([...slots.values()]).includes('wJalrXUtnFEMI'), 'no plaintext in the cache');
+  const before = gets;
+  t.true((await w.read(0, data.length)).equals(data));
+  t.is(gets, before, 'every read from the cache (decrypted and checked on the way out)');
+});
+
 test('attach of an encrypted volume: without a key, with another key, or with a damaged data key it is refused (KeyError naming the key id), before any read', async (t) => {
   const mem = new MemoryObjectStore();
   const a = host(mem, K1);

@@ -402,7 +402,7 @@ test('a guest read during hydration is served at once: it never waits behind hyd
 test('a guest read that misses moves hydration\'s queued GETs around it to the front (hydration follows the reader)', async (t) => {
   const mem = new MemoryObjectStore();
   const a = host(mem, 64 * MiB, { segmentBytes: 8 * MiB });
-  await a.catalog.create('v', 64 * MiB, { format: 'raw' }); // GET offsets to the byte (framed volumes: the test after this)
+  await a.catalog.create('v', 64 * MiB, { format: 'raw' }); // GET offsets to the byte (the other hydration tests here run on framed volumes)
   const v = await a.open();
   await v.write(0, pattern(3, 16 * MiB), true); // two 8 MiB segments; the working set: highest offsets most recent
   await v.close();
