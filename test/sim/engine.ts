@@ -381,7 +381,7 @@ export async function adminActor(run: SimRun, node: Node): Promise<void> {
   // The lifecycle workload's own draws (never made in the engine workload, whose seeds stay as they were).
   const lrng = node.rng.derive('lifecycle');
   while (run.take(node, 'admin: next')) {
-    if (run.workloadName === 'lifecycle' && lrng.chance(0.35)) {
+    if (run.workloadName === 'lifecycle' && lrng.chance(0.5)) {
       await renameOp(run, node, lrng);
       await node.proc.sleep(lrng.logUniform(50, 8000));
       continue;
@@ -450,9 +450,13 @@ async function renameOp(run: SimRun, node: Node, rng: Rng): Promise<void> {
   const catalog = node.catalog('admin');
   const hasSnapshots = (x: Live): boolean => [...run.live.values()].some((y) => y.vm.kind === 'snapshot' && y.vm.fork?.source === x.vm);
   const idle = (x: Live): boolean => x.vm.kind === 'volume' && x.users === 0 && !x.removing && !x.unknown && !hasSnapshots(x);
-  const src = run.pick(rng, idle);
+  // Half the time an attempt promoted over the workspace it was forked from (which then has a
+  // descendant: its data must stay), else any idle volume.
+  const promote = rng.chance(0.5);
+  const src = (promote ? run.pick(rng, (x) => idle(x) && x.vm.fork !== null && [...run.live.values()].some((y) => y.vm === x.vm.fork!.source && idle(y))) : null) ?? run.pick(rng, idle);
   if (!src) return;
-  const dst = rng.chance(0.7) ? run.pick(rng, (x) => x !== src && idle(x)) : null;
+  const base = src.vm.fork ? [...run.live.values()].find((y) => y.vm === src.vm.fork!.source && y !== src && idle(y)) ?? null : null;
+  const dst = promote && base ? base : rng.chance(0.7) ? run.pick(rng, (x) => x !== src && idle(x)) : null;
   const to = dst ? dst.name : run.newName('r');
   const involved = dst ? [src, dst] : [src];
   for (const x of involved) x.removing = true;
