@@ -258,7 +258,7 @@ See README.md, "Serving over a network", for making certificates and the client 
     const stop = async (signal: string): Promise<void> => {
       if (stopping) return;
       stopping = true;
-      d.log.info({ signal }, 'signal');
+      d.log.info({ signal }, 'received a signal: stopping');
       await server.close();
       await d.close();
       process.exit(0);

@@ -115,7 +115,7 @@
  * objects GC may delete; removing a volume is the user's decision that nobody needs it.
  */
 
-import { systemWorld, type World } from '../clock.js';
+import { randomId, systemWorld, type World } from '../clock.js';
 import { CorruptError, InvalidArgumentError, NotFoundError, errorMessage } from '../errors.js';
 import type { Logger } from '../log.js';
 import { listAll, type ByteRange, type ListOptions, type ObjectHead, type ObjectInfo, type ObjectStore} from '../store/object-store.js';
@@ -456,7 +456,9 @@ export async function collectGarbage(catalog: StoreCatalog, opts: GcOptions = {}
     return result;
   }
   if (toMark.length > 0) {
-    const name = `${MARKS_PREFIX}${String(now).padStart(15, '0')}-${Math.random().toString(16).slice(2, 10)}`;
+    // The suffix only keeps two runs' marks apart; drawn from the World, so that a simulated
+    // run replays exactly (Math.random made the simulator's replay of a seed differ).
+    const name = `${MARKS_PREFIX}${String(now).padStart(15, '0')}-${randomId(world, 4)}`;
     await store.put(name, Buffer.from(JSON.stringify({ v: 1, graceMs, keys: toMark.map(([k]) => k) })));
   }
   let done = 0;

@@ -145,6 +145,22 @@ withNbdcopy('serve in-process: address, events (attached, detached, flushed, lea
   t.true(st.every((l) => l.volume !== 'work' || l.holder !== 'api-test'), JSON.stringify(st));
 });
 
+test('import through the API: progress in bytes; an aborted import removes the volume it made', async (t) => {
+  const { d, dir } = await deployment(t);
+  const img = path.join(dir, 'disk.raw');
+  fs.writeFileSync(img, Buffer.alloc(24 * MiB, 0x5a));
+  const seen: Progress[] = [];
+  const r = await d.importImage('disk', img, { onProgress: (p) => seen.push(p) });
+  t.is(r.writtenBytes, 24 * MiB);
+  t.like(seen[seen.length - 1], { operation: 'import', done: 24 * MiB, total: 24 * MiB, finished: true });
+  const ac = new AbortController();
+  // Aborted at its first progress report: the volume exists by then, nothing is written yet.
+  const err = await t.throwsAsync(d.importImage('half', img, { signal: ac.signal, onProgress: (p) => { if (!p.finished) ac.abort(); } }));
+  t.true(isBatonError(err, 'BATON_ERR_ABORTED'), err?.message);
+  await t.throwsAsync(d.info('half'), { code: 'BATON_ERR_NOT_FOUND' } as never);
+  t.deepEqual((await d.list({ accounting: false })).map((v) => v.name), ['disk']);
+});
+
 test('the example type-checks against the published types and runs', async (t) => {
   // Against dist/src/api.d.ts, reached as the package's "exports" (not the sources).
   const tsc = path.join(REPO_ROOT, 'node_modules', '.bin', 'tsc');

@@ -191,3 +191,133 @@ withNbdcopy('rename racing a handoff of its source, and a client attaching durin
   t.false(seen.has('MIX'));
   t.deepEqual(await names(d), ['src', 'work']);
 });
+
+/** Write `fill` over [offset, offset + MiB) through the engine, and flush. */
+async function fillAt(d: Deployment, name: string, offset: number, fill: number): Promise<void> {
+  const ov = await d.storeCatalog('test').open(name, { readOnly: false });
+  try {
+    await ov.backend.write(offset, Buffer.alloc(MiB, fill), false);
+    await ov.backend.flush();
+  } finally {
+    await ov.close();
+  }
+}
+
+async function readAt(d: Deployment, name: string, offset: number): Promise<number | 'mixed'> {
+  const ov = await d.storeCatalog('test').open(name, { readOnly: true });
+  try {
+    const b = await ov.backend.read(offset, MiB);
+    return b.every((x) => x === b[0]) ? b[0]! : 'mixed';
+  } finally {
+    await ov.close();
+  }
+}
+
+test('resize racing a fork: the fork has the size before or after, and its data; the volume the new size', async (t) => {
+  const { d } = await deployment(t);
+  const sizes = new Set<number>();
+  for (let i = 0; i < 10; i++) {
+    const [v, f] = [`v${i}`, `f${i}`];
+    await d.create(v, { size: 4 * MiB });
+    await fillVolume(d, v, 0x70 + i);
+    const [r, fk] = await Promise.allSettled([
+      d.resize(v, { size: 8 * MiB }),
+      (async () => { await new Promise((res) => setTimeout(res, i * 3)); return d.fork(v, f); })(),
+    ]);
+    t.is(r.status, 'fulfilled', r.status === 'rejected' ? String(r.reason) : '');
+    t.is(fk.status, 'fulfilled', fk.status === 'rejected' ? String(fk.reason) : '');
+    t.is((await d.info(v)).size, 8 * MiB);
+    const fs = (await d.info(f)).size;
+    t.true(fs === 4 * MiB || fs === 8 * MiB, String(fs));
+    sizes.add(fs);
+    t.is(await fillOf(d, f), 0x70 + i);
+    if (fs === 8 * MiB) await fillAt(d, f, 7 * MiB, 0x7f); // the fork is writable to its end
+  }
+  t.log(`fork sizes seen: ${[...sizes].map((s) => s / MiB).join(', ')} MiB`);
+});
+
+test('resize racing GC runs: data past the old end survives; a shrunk volume and its fork still recover', async (t) => {
+  const { d } = await deployment(t);
+  await d.create('v', { size: 4 * MiB });
+  await fillVolume(d, 'v', 0x11);
+  let stop = false;
+  let runs = 0;
+  const gcLoop = (async () => { while (!stop) { await d.gc({ graceMs: 2000 }); runs++; } })();
+  await d.resize('v', { size: 16 * MiB });
+  await fillAt(d, 'v', 12 * MiB, 0x12); // past the old end: named by the log, read by GC's recovery
+  await d.fork('v', 'f');
+  // Trim the tail, then shrink under the lease: the old records still name extents past the new end.
+  {
+    const ov = await d.storeCatalog('test').open('v', { readOnly: false });
+    await ov.backend.trim(4 * MiB, 12 * MiB, false);
+    await ov.backend.flush();
+    await ov.close();
+  }
+  const shrink = await d.resize('v', { size: 8 * MiB, shrink: true });
+  t.deepEqual(shrink, { name: 'v', from: 16 * MiB, to: 8 * MiB });
+  await d.fork('v', 'g'); // a fork of the shrunk volume replays records of its larger past
+  await new Promise((r) => setTimeout(r, 5000)); // two grace periods of GC
+  stop = true;
+  await gcLoop;
+  t.true(runs >= 2, `${runs} GC runs`);
+  t.is(await fillOf(d, 'v'), 0x11);
+  t.is(await readAt(d, 'f', 12 * MiB), 0x12, 'the fork of the grown volume keeps the data past the old end');
+  t.is((await d.info('g')).size, 8 * MiB);
+  t.is(await fillOf(d, 'g'), 0x11);
+  t.is(await readAt(d, 'g', 7 * MiB), 0, 'past the trim: zeroes');
+});
+
+test('grow racing a rename of the volume: when the grow reports success, the renamed volume has the new size', async (t) => {
+  const { d } = await deployment(t);
+  let carried = 0;
+  let refused = 0;
+  for (let i = 0; i < 14; i++) {
+    const [a, b] = [`a${i}`, `b${i}`];
+    await d.create(a, { size: 4 * MiB });
+    const [ren, rs] = await Promise.allSettled([
+      d.rename(a, b),
+      (async () => { await new Promise((res) => setTimeout(res, i * 4)); return d.resize(a, { size: 8 * MiB }); })(),
+    ]);
+    t.is(ren.status, 'fulfilled', ren.status === 'rejected' ? String(ren.reason) : '');
+    const size = (await d.info(b)).size;
+    if (rs.status === 'fulfilled') {
+      t.is(size, 8 * MiB, `round ${i}: the grow succeeded, so ${b} has its size`);
+      carried++;
+    } else {
+      t.true(isBatonError(rs.reason, 'BATON_ERR_NOT_FOUND') || isBatonError(rs.reason, 'BATON_ERR_PRECONDITION_FAILED'), String(rs.reason));
+      refused++;
+    }
+    t.deepEqual((await names(d)).filter((n) => n.endsWith(String(i))), [b]);
+  }
+  t.log(`${carried} grows reached the renamed volume, ${refused} were told the name went away`);
+});
+
+withNbdcopy('resize racing a handoff of the served volume: the grow lands, the new holder serves the new size; a shrink is refused while served', async (t) => {
+  const { d, dir } = await deployment(t);
+  const server = await d.serve({ listen: { path: path.join(dir, 'nbd.sock') }, idleGraceMs: 60_000 });
+  t.teardown(() => server.close());
+  await d.create('v', { size: 4 * MiB });
+  const file = path.join(dir, 'fill.bin');
+  fs.writeFileSync(file, Buffer.alloc(MiB, 0x55));
+  await run('nbdcopy', ['--flush', file, server.uri('v')]);
+  const [h, g, s] = await Promise.allSettled([
+    d.handoff('v', 'host-b', { waitMs: 10_000 }),
+    d.resize('v', { size: 8 * MiB }),
+    d.resize('v', { size: 2 * MiB, shrink: true }),
+  ]);
+  t.is(h.status, 'fulfilled', h.status === 'rejected' ? String(h.reason) : '');
+  t.is(g.status, 'fulfilled', g.status === 'rejected' ? String(g.reason) : '');
+  t.is(s.status, 'rejected');
+  if (s.status === 'rejected') t.true(isBatonError(s.reason, 'BATON_ERR_LEASE_HELD') || isBatonError(s.reason, 'BATON_ERR_INVALID_ARGUMENT'), String(s.reason));
+  // host-b takes it (another deployment, as another host would) and serves the new size.
+  const b = await openDeployment({ store: d.store, hostId: 'host-b', cacheDir: path.join(dir, 'cache-b') });
+  t.teardown(() => b.close());
+  const sb = await b.serve({ listen: { path: path.join(dir, 'nbd-b.sock') }, idleGraceMs: 200 });
+  t.teardown(() => sb.close());
+  const out = path.join(dir, 'out.bin');
+  await run('nbdcopy', [sb.uri('v'), out]);
+  const got = fs.readFileSync(out);
+  t.is(got.length, 8 * MiB, 'served at its new size');
+  t.true(got.subarray(0, MiB).equals(Buffer.alloc(MiB, 0x55)));
+  t.true(got.subarray(4 * MiB).equals(Buffer.alloc(4 * MiB)));
+});

@@ -378,7 +378,14 @@ export async function adminActor(run: SimRun, node: Node): Promise<void> {
     for (let f = parent.fork; f; f = f.source.fork) if (f.source === l.vm) return true;
     return false;
   });
+  // The lifecycle workload's own draws (never made in the engine workload, whose seeds stay as they were).
+  const lrng = node.rng.derive('lifecycle');
   while (run.take(node, 'admin: next')) {
+    if (run.workloadName === 'lifecycle' && lrng.chance(0.5)) {
+      await renameOp(run, node, lrng);
+      await node.proc.sleep(lrng.logUniform(50, 8000));
+      continue;
+    }
     const r = rng.float();
     const count = [...run.live.values()].filter((l) => !l.removing).length;
     if (r < 0.12 && count < run.config.maxVolumes + 3) {
@@ -430,6 +437,52 @@ export async function adminActor(run: SimRun, node: Node): Promise<void> {
       }
     }
     await node.proc.sleep(rng.logUniform(50, 8000));
+  }
+}
+
+/**
+ * `baton rename SRC TO [--replace]` on idle volumes (the lifecycle workload): a plain rename to
+ * a new name, or the promote of an agent's attempt over another volume. As the CLI does, a name
+ * a host holds the lease of is not renamed. In the model the renamed volume is a fork of SRC
+ * (idle: its content is fixed), and SRC and a replaced TO are removed.
+ */
+async function renameOp(run: SimRun, node: Node, rng: Rng): Promise<void> {
+  const catalog = node.catalog('admin');
+  const hasSnapshots = (x: Live): boolean => [...run.live.values()].some((y) => y.vm.kind === 'snapshot' && y.vm.fork?.source === x.vm);
+  const idle = (x: Live): boolean => x.vm.kind === 'volume' && x.users === 0 && !x.removing && !x.unknown && !hasSnapshots(x);
+  // Half the time an attempt promoted over the workspace it was forked from (which then has a
+  // descendant: its data must stay), else any idle volume.
+  const promote = rng.chance(0.5);
+  const src = (promote ? run.pick(rng, (x) => idle(x) && x.vm.fork !== null && [...run.live.values()].some((y) => y.vm === x.vm.fork!.source && idle(y))) : null) ?? run.pick(rng, idle);
+  if (!src) return;
+  const base = src.vm.fork ? [...run.live.values()].find((y) => y.vm === src.vm.fork!.source && y !== src && idle(y)) ?? null : null;
+  const dst = promote && base ? base : rng.chance(0.7) ? run.pick(rng, (x) => x !== src && idle(x)) : null;
+  const to = dst ? dst.name : run.newName('r');
+  const involved = dst ? [src, dst] : [src];
+  for (const x of involved) x.removing = true;
+  const restore = (): void => { for (const x of involved) x.removing = false; };
+  try {
+    for (const n of [src.name, to]) {
+      const held = await run.op(node, `lease of ${n}`, () => node.leases.inspect(n));
+      if (held?.holder) { restore(); run.count('renameRefusedServed'); return; }
+    }
+  } catch (err) {
+    restore();
+    run.expect(err, `${node.proc.label} rename ${src.name}: lease`);
+    return;
+  }
+  const lo = run.model.stamp();
+  try {
+    const r = await run.op(node, `rename ${src.name} -> ${to}${dst ? ' (replace)' : ''}`, () => catalog.rename(src.name, to, { replace: dst !== null }));
+    const hi = run.model.stamp();
+    for (const x of involved) { run.live.delete(x.name); x.vm.removed = true; }
+    run.live.set(to, { name: to, vm: run.model.volume(r.id, to, 'volume', run.config.blocks, { source: src.vm, lo, hi }), users: 0, removing: false, unknown: false });
+    run.count(dst ? 'renamesReplacing' : 'renames');
+    run.note(`  renamed ${src.name} to ${to} (${r.id})${dst ? `, replacing ${dst.vm.id}` : ''}`);
+  } catch (err) {
+    // Part of it may have happened (the error says which): nobody uses these names again; the verifier looks.
+    for (const x of involved) { x.removing = false; x.unknown = true; }
+    run.expect(err, `${node.proc.label} rename ${src.name}`, ['ALREADY_EXISTS', 'NOT_FOUND', 'PRECONDITION_FAILED', 'INVALID_ARGUMENT']);
   }
 }
 

@@ -1,5 +1,5 @@
 /**
- * npm run sim -- [--seeds N] [--seed S] [--steps K] [--off a,b] [--workload engine|served] [--verbose] [--no-shrink] [--keep-going] [--ignore-known] [--stats]
+ * npm run sim -- [--seeds N] [--seed S] [--steps K] [--off a,b] [--workload engine|served|lifecycle] [--verbose] [--no-shrink] [--keep-going] [--ignore-known] [--stats]
  *
  * Runs N seeds starting at S (default 1); prints seeds per second and simulated hours per
  * real minute; for the first failing seed, the shrunk trace and the command that replays it.

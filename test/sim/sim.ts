@@ -17,7 +17,7 @@ export const DEFAULT_STEPS = 300;
 
 export async function runSeed(o: RunOptions): Promise<RunResult> {
   const run = new SimRun(o);
-  return run.run(run.workloadName === 'engine' ? engineWorkload : servedWorkload);
+  return run.run(run.workloadName === 'served' ? servedWorkload : engineWorkload);
 }
 
 export interface Shrunk { result: RunResult; runs: number }
