@@ -226,13 +226,9 @@ function modelOf(extents: Iterable<{ offset: number; length: number; value: L }>
 
 function sameAsModel(t: import('ava').ExecutionContext, got: Model, want: Model, what: string): void {
   // One assertion per map (a mismatch names its first byte), not one per byte.
-  for (let i = 0; i < want.size; i++) {
-    if (got.src[i] !== want.src[i] || got.at[i] !== want.at[i]) {
-      t.fail(`${what}: byte ${i} is (${got.src[i]}, ${got.at[i]}), the model says (${want.src[i]}, ${want.at[i]})`);
-      return;
-    }
-  }
-  t.pass();
+  let i = 0;
+  while (i < want.size && got.src[i] === want.src[i] && got.at[i] === want.at[i]) i++;
+  t.is(i, want.size, i < want.size ? `${what}: byte ${i} is (${got.src[i]}, ${got.at[i]}), the model says (${want.src[i]}, ${want.at[i]})` : what);
 }
 
 interface Pair { packed: PackedExtentMap<L>; plain: ExtentMap<L>; model: Model }
