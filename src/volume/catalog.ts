@@ -346,22 +346,18 @@ export class StoreCatalog implements VolumeCatalog {
    * than half of that is undone and made again, never trusted (landRecord).
    */
   private async derive(srcName: string, name: string, snapshot: boolean, opts: { expiresAt?: string } = {}): Promise<VolumeRecord> {
-    const raw = await this.rawRecord(srcName);
+    // Its size as it is now (attribute records applied); the largest size its log ever had
+    // goes along, so the fork can replay the source's records up to the fork point.
+    const src = await this.record(srcName);
     // A fork of an encrypted volume gets a data key of its own: the master key is needed (now, not after the fork point is read).
-    const master = raw.data?.encryption && !snapshot ? this.masterKey() : null;
-    let src = raw;
+    const master = src.data?.encryption && !snapshot ? this.masterKey() : null;
     return this.landRecord(name, snapshot ? 'snapshot' : 'fork', async () => {
-      // Its size as it is now (attribute records applied; the largest size its log ever had
-      // goes along, so the fork can replay the source's records up to the fork point), read
-      // while the fork point is: one round trip for both (fork bench: 7 requests in 6).
-      let parent: { id: string; seq: number };
-      [src, parent] = await Promise.all([this.effective(raw), this.forkPoint(raw)]);
       const id = randomId(this.world, 8);
       const enc = src.data?.encryption;
       // It stores data as its source does (a record made before issue 16 has no settings: neither has its fork).
       const data = src.data ? { data: { ...src.data, ...(enc ? { encryption: derivedEncryption(enc, master, name, srcName, id, snapshot, this.world) } : {}) } } : {};
       return {
-        format: 'baton-volume-1' as const, name, id, size: src.size, createdAt: this.world.wallTime().toISOString(), parent,
+        format: 'baton-volume-1' as const, name, id, size: src.size, createdAt: this.world.wallTime().toISOString(), parent: await this.forkPoint(src),
         ...data,
       // A snapshot belongs to one volume identity, not to a name that may be reused.
       ...(snapshot ? { snapshot: true, of: src.id } : {}),

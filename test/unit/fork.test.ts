@@ -9,7 +9,6 @@ import { BlockCache } from '../../src/cache.js';
 import { silentLogger } from '../../src/log.js';
 import { InstrumentedObjectStore } from '../../src/store/decorators.js';
 import { MemoryObjectStore } from '../../src/store/memory.js';
-import type { ByteRange, DeleteOptions, ListOptions, ObjectHead, ObjectInfo, ObjectStore, PutOptions } from '../../src/store/object-store.js';
 import { StoreCatalog } from '../../src/volume/catalog.js';
 import type { Volume } from '../../src/volume/volume.js';
 
@@ -66,58 +65,6 @@ test('fork costs the same requests for a big and a small volume (no data copied)
     t.is(inst.stats().put.bytes < 4096, true, 'only small records are written');
   }
   t.is(counts[0], counts[1]);
-});
-
-/**
- * A store whose requests are answered in rounds: every request waits until the event loop has
- * nothing else to do, then all waiting requests are answered at once. The rounds an operation
- * takes are its store round trips in sequence: its latency on a store far away.
- */
-class RoundsStore implements ObjectStore {
-  readonly description = 'rounds';
-  rounds = 0;
-  private readonly waiting: (() => void)[] = [];
-  constructor(private readonly inner: ObjectStore) {}
-  private turn(): Promise<void> { return new Promise((r) => { this.waiting.push(r); }); }
-  async get(key: string, range?: ByteRange): Promise<Buffer> { await this.turn(); return this.inner.get(key, range); }
-  async put(key: string, body: Buffer, options?: PutOptions): Promise<void> { await this.turn(); return this.inner.put(key, body, options); }
-  async head(key: string): Promise<ObjectHead | null> { await this.turn(); return this.inner.head(key); }
-  async delete(key: string, options?: DeleteOptions): Promise<void> { await this.turn(); return this.inner.delete(key, options); }
-  async *list(prefix: string, options?: ListOptions): AsyncIterable<ObjectInfo> { await this.turn(); yield* this.inner.list(prefix, options); }
-  close(): Promise<void> { return this.inner.close(); }
-  /** Run `op`, answering its requests a round at a time; how many rounds it took. */
-  async count(op: () => Promise<unknown>): Promise<number> {
-    this.rounds = 0;
-    let done = false;
-    const p = op().finally(() => { done = true; });
-    p.catch(() => {});
-    while (!done) {
-      await new Promise((r) => setImmediate(r));
-      if (this.waiting.length > 0) { this.rounds++; for (const r of this.waiting.splice(0)) r(); }
-    }
-    await p;
-    return this.rounds;
-  }
-}
-
-test('a fork of a written, resized volume takes 6 store round trips in sequence (its size and its fork point are read in one)', async (t) => {
-  const rounds = new RoundsStore(new MemoryObjectStore());
-  const { catalog, open } = catalogOn(rounds as unknown as MemoryObjectStore);
-  // Set-up requests are answered at once (count drives them too).
-  await rounds.count(async () => {
-    await catalog.create('src', 64 * MiB);
-    const v = await open('src');
-    await v.takeover(1);
-    for (let i = 0; i < 3; i++) { await v.write(i * MiB, Buffer.alloc(4096, i + 1), false); await v.flush(); }
-    await v.close();
-    await catalog.resize('src', 128 * MiB);
-  });
-  // GET the source's record; LIST its attributes (+ GET each) with LIST checkpoints, then LIST
-  // the log after the last; PUT the fork's id record; PUT its name; GET the source's record
-  // again (confirmSource).
-  const n = await rounds.count(() => catalog.fork('src', 'dst'));
-  t.is(n, 6, `fork took ${n} rounds`);
-  await rounds.count(async () => t.is((await catalog.record('dst')).size, 128 * MiB, 'the fork has the resized size'));
 });
 
 test('snapshots are read-only points in time, servable and forkable', async (t) => {
