@@ -292,7 +292,7 @@ function render(r: { machine: ReturnType<typeof machineInfo>; durationS: number;
   if (r.fork?.length) {
     L.push('## Fork time', '');
     L.push(`A source volume per size with ${formatSize(WRITTEN)} written as ${CHUNKS} flushed commits of ${formatSize(WRITTEN / CHUNKS)} spread evenly over it (its log, a checkpoint, a map of ${CHUNKS} extents), idle; then ${REPEAT} forks of it.`);
-    L.push('"in process": `StoreCatalog.fork` timed around the call, store requests counted by a wrapper (a listing counts once). "CLI": `baton fork SRC DST --json` — the `ms` baton prints (timed around the same call; on `s3://` it includes loading the AWS SDK, which baton imports on first use) and the wall time of the whole process (node start-up included). "+N ms/request" adds N ms before every store request (FaultyObjectStore): a fork makes its requests in 6 rounds (its attribute and checkpoint listings together), so it costs about (6 × N) ms more.', '');
+    L.push('"in process": `StoreCatalog.fork` timed around the call, store requests counted by a wrapper (a listing counts once). "CLI": `baton fork SRC DST --json` — the `ms` baton prints (timed around the same call; on `s3://` it includes loading the AWS SDK, which baton imports on first use) and the wall time of the whole process (node start-up included). "+N ms/request" adds N ms before every store request (FaultyObjectStore): the requests of a fork are sequential, so it costs about (requests × N) ms more.', '');
     const rows = r.fork.map((x) => {
       const ms = x.inProcess.map((s) => s.ms);
       const s0 = x.inProcess[0]!;
