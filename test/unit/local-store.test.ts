@@ -1,8 +1,8 @@
 /**
  * A store whose objects are local files (ObjectStore.local): reads in place through kept
  * open files, puts from pieces, and the volume engine using both (no block cache, no
- * assembled segment bodies), byte-exact and recoverable. Also: a write given as uneven
- * pieces (copied into the arena), and pack merging their extents again.
+ * assembled segment bodies), byte-exact and recoverable. Also: a write kept as its received
+ * pieces, and pack merging their extents again.
  */
 import test, { type ExecutionContext } from 'ava';
 import { mkdtemp, rm, readdir } from 'node:fs/promises';
@@ -125,7 +125,7 @@ test('the engine on a local store: byte-exact through recovery, and the block ca
     'reads went to the store\'s files, and commits inserted nothing');
 });
 
-test('a large write given as uneven pieces lands byte-exact, merged into one extent per segment part', async (t) => {
+test('a large write kept as its received pieces lands byte-exact, merged into one extent per segment part', async (t) => {
   const store = await tempStore(t);
   const { open } = await localVolume(t, store);
   const v = await open();
@@ -137,7 +137,7 @@ test('a large write given as uneven pieces lands byte-exact, merged into one ext
     const pieces: Buffer[] = [];
     let p = pos;
     for (const n of splits) { pieces.push(Buffer.from(want.subarray(p, p + n))); p += n; }
-    await v.writeLent(pos, pieces, false);
+    await v.writeChunks(pos, pieces, false);
     pos = p;
   }
   await v.flush();
