@@ -55,18 +55,11 @@ export interface BlockBackend {
   /** `data` is owned by the backend after the call (the session never reuses it). */
   write(offset: number, data: Buffer, fua: boolean): Promise<void>;
   /**
-   * Optional scatter form of write: the payload as the pieces it was received in, in order.
-   * Like write's `data`, the pieces are the backend's after the call (the session never
-   * reuses them); each may be a subarray of a larger received buffer, so a backend that
-   * keeps small pieces for long should copy them (a 4 KiB piece can pin a 64 KiB buffer).
-   */
-  writeChunks?(offset: number, chunks: readonly Buffer[], fua: boolean): Promise<void>;
-  /**
    * Optional form of write for a backend that copies the data before it returns: the pieces
    * are lent, not given. Their bytes must have been copied (or otherwise used) by the time
    * the call returns, and no reference to them may be kept, not even until the promise
    * settles: the session reuses their memory as soon as the call returns. The session
-   * prefers it to write and writeChunks, for every WRITE, and with it reads the socket into
+   * prefers it to write, for every WRITE, and with it reads the socket into
    * buffers it reuses (FrameReader.useSlabs) instead of a fresh one per socket read.
    */
   writeLent?(offset: number, chunks: readonly Buffer[], fua: boolean): Promise<void>;

@@ -502,7 +502,6 @@ export class NbdSession {
         throw new EndSession();
       }
       let payload: Buffer | undefined;
-      let chunks: Buffer[] | undefined;
       let lent: Lent | undefined;
       if (req.type === C.NBD_CMD_WRITE) {
         // A WRITE payload must be consumed even when the request is refused; one we will not
@@ -512,8 +511,6 @@ export class NbdSession {
         try {
           if (req.length === 0) payload = Buffer.alloc(0);
           else if (backend.writeLent) lent = this.reader.tryLend(req.length) ?? await this.reader.lend(req.length);
-          // A backend that copies writes takes the received pieces: no contiguous payload to assemble.
-          else if (backend.writeChunks && req.length >= 16 * 1024) chunks = await this.reader.readChunks(req.length);
           else payload = await this.readFrame(req.length);
         } catch (err) {
           this.releaseSlot(req.length); // the client vanished mid-payload: nothing will be dispatched
@@ -523,7 +520,7 @@ export class NbdSession {
         await this.acquireSlot(this.slotBytes(req));
       }
       if (!lent) {
-        this.dispatch(backend, ctx, req, payload, chunks);
+        this.dispatch(backend, ctx, req, payload);
         continue;
       }
       // writeLent has copied the pieces by the time dispatch returns (it calls the backend synchronously).
@@ -627,7 +624,6 @@ export class NbdSession {
         if (length === 0) return fua ? backend.flush().then(() => null) : Promise.resolve(null);
         // Pieces are lent exactly when the backend takes lent pieces (transmission).
         if (chunks && backend.writeLent) return backend.writeLent(offset, chunks, fua).then(() => null);
-        if (chunks && backend.writeChunks) return backend.writeChunks(offset, chunks, fua).then(() => null);
         return backend.write(offset, payload!, fua).then(() => null);
       case C.NBD_CMD_FLUSH:
         return backend.flush().then(() => null);

@@ -36,6 +36,7 @@
  * - Files are immutable once named: a reader's open fd sees one whole version.
  * - delete removes emptied directories; a put racing with that rmdir sees ENOENT and retries.
  */
+import { strict as assert } from 'node:assert';
 import { randomBytes } from 'node:crypto';
 import { close as fsClose, constants as fsc, fstat as fsFstat, open as fsOpen, read as fsRead, readFileSync, readSync, stat as fsStat, type Dirent, type Stats } from 'node:fs';
 import { link, mkdir, open, readdir, rename, rmdir, stat, unlink, type FileHandle } from 'node:fs/promises';
@@ -184,6 +185,19 @@ export function keptFilesBudget(procLimits: string | null): number {
 const MAX_OPEN_FILES = keptFilesBudget((() => { try { return readFileSync('/proc/self/limits', 'utf8'); } catch { return null; } })());
 const IDLE_FD_MS = 5_000;
 
+/** The smallest view buffer (#view): a framed read of 256 KiB spans a little more. */
+const VIEW_SCRATCH_MIN = 1024 * 1024 + 64 * 1024;
+
+/** pread exactly `length` bytes at `position` into out[outOff..], or CorruptError at the file's end. */
+function preadFully(fd: number, key: string, out: Buffer, outOff: number, length: number, position: number): void {
+  let done = 0;
+  while (done < length) {
+    const n = readSync(fd, out, outOff + done, length - done, position + done);
+    if (n === 0) throw new CorruptError(`get ${key}: file ended early (wanted ${length} bytes at ${position - LOCAL_HEADER_SIZE})`);
+    done += n;
+  }
+}
+
 interface OpenFile { fh: Promise<{ fh: FileHandle; size: number }>; readers: number; lastUsed: number; forgotten: boolean }
 
 async function fsyncDir(path: string): Promise<void> {
@@ -204,8 +218,11 @@ export class LocalDirObjectStore implements ObjectStore {
   readonly #open = new Map<string, OpenFile>(); // insertion order = least recently used first
   #sweepTimer: ReturnType<typeof setTimeout> | null = null;
   readonly #reads: LocalReadCounts = { ok: 0, notFound: 0, error: 0, bytes: 0 };
+  /** The buffer every view reads into (#view). */
+  #viewScratch = Buffer.alloc(0);
   readonly local: LocalObjects = {
     read: (key, offset, length, out, outOff) => this.#readInPlace(key, offset, length, out, outOff),
+    view: (key, offset, length, use) => this.#view(key, offset, length, use),
     putParts: (key, parts, options) => this.#put(key, parts, options),
     reads: this.#reads,
   };
@@ -396,6 +413,41 @@ export class LocalDirObjectStore implements ObjectStore {
   }
 
   async #readInPlace(key: string, offset: number, length: number, out: Buffer, outOff: number): Promise<void> {
+    await this.#withFile(key, offset, length, (fd) => preadFully(fd, key, out, outOff, length, LOCAL_HEADER_SIZE + offset));
+  }
+
+  /**
+   * LocalObjects.view: the bytes are read into one buffer of this store's, shared by every
+   * view: `use` runs in the same synchronous run as the read into it (inside #withFile's
+   * readFn, after its last await), so no other view can read into it meanwhile. A read that
+   * kept a buffer of its own across the await for the file needed one per read in flight: at
+   * 64 reads in flight (nbdcopy) the engine's pool of eight ran dry and a 1 MiB buffer was
+   * allocated per read (GC was a tenth of a framed read's CPU). What `use` throws is passed
+   * on as it is, not counted as a failed read.
+   */
+  async #view<T>(key: string, offset: number, length: number, use: (bytes: Buffer) => T): Promise<T> {
+    let outcome: { ok: true; value: T } | { ok: false; err: unknown } | undefined;
+    await this.#withFile(key, offset, length, (fd) => {
+      if (this.#viewScratch.length < length) this.#viewScratch = Buffer.allocUnsafe(Math.max(length, VIEW_SCRATCH_MIN));
+      const bytes = this.#viewScratch.subarray(0, length);
+      preadFully(fd, key, bytes, 0, length, LOCAL_HEADER_SIZE + offset);
+      try {
+        outcome = { ok: true, value: use(bytes) };
+      } catch (err) {
+        outcome = { ok: false, err };
+      }
+    });
+    assert(outcome !== undefined, 'a view that read calls use');
+    if (!outcome.ok) throw outcome.err;
+    return outcome.value;
+  }
+
+  /**
+   * Runs `readFn` on the open file of `key` (opened and kept open on first use) for a read of
+   * [offset, offset + length), counting it; readFn is synchronous and runs after the last
+   * await here, so #view's use runs in the same synchronous run as its read.
+   */
+  async #withFile(key: string, offset: number, length: number, readFn: (fd: number) => void): Promise<void> {
     validateRange({ offset, length });
     let f = this.#open.get(key);
     const opening = !f;
@@ -423,12 +475,7 @@ export class LocalDirObjectStore implements ObjectStore {
       // in the page cache, where a pread costs microseconds and a trip through libuv's
       // thread pool (4 threads) costs tens: at 32 reads in flight the pool was a quarter of
       // the speed. A read of cold data blocks the event loop for one disk read.
-      let done = 0;
-      while (done < length) {
-        const bytesRead = readSync(opened.fh.fd, out, outOff + done, length - done, LOCAL_HEADER_SIZE + offset + done);
-        if (bytesRead === 0) throw new CorruptError(`get ${key}: file ended early (wanted ${length} bytes at ${offset})`);
-        done += bytesRead;
-      }
+      readFn(opened.fh.fd);
       this.#reads.ok++;
       this.#reads.bytes += length;
     } catch (err) {

@@ -91,6 +91,13 @@ export interface LocalObjects {
    * before may be read through a file opened then, also after it was deleted.
    */
   read(key: string, offset: number, length: number, out: Buffer, outOff: number): Promise<void>;
+  /**
+   * The same bytes, lent: `use` is called with them and must be done with them when it
+   * returns (it is synchronous; the store reuses their memory for the next view); resolves to
+   * what `use` returned, or rejects with what it threw. For a reader that checks or decodes
+   * the stored bytes into a buffer of its own (framed data): no buffer of its own for them.
+   */
+  view<T>(key: string, offset: number, length: number, use: (bytes: Buffer) => T): Promise<T>;
   /** Exactly put(key, concatenation of parts, options), without concatenating them. */
   putParts(key: string, parts: readonly Buffer[], options?: PutOptions): Promise<void>;
   /**

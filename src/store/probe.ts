@@ -275,6 +275,9 @@ export class SettingsCheckedObjectStore implements ObjectStore {
         read: (key, offset, length, out, outOff) => (this.#state === 'ok'
           ? inner.read(key, offset, length, out, outOff)
           : this.#ready(false).then(() => inner.read(key, offset, length, out, outOff))),
+        view: (key, offset, length, use) => (this.#state === 'ok'
+          ? inner.view(key, offset, length, use)
+          : this.#ready(false).then(() => inner.view(key, offset, length, use))),
         putParts: (key, parts, options) => (this.#state === 'ok'
           ? inner.putParts(key, parts, options)
           : this.#ready(true).then(() => inner.putParts(key, parts, options))),

@@ -154,7 +154,7 @@ function wrap(b: BlockBackend, over: Partial<Pick<BlockBackend, 'read' | 'blockS
     get readOnly() { return b.readOnly; },
     read: over.read ?? ((o, l, i) => b.read(o, l, i)),
     write: (o, d, f) => b.write(o, d, f),
-    ...(b.writeChunks ? { writeChunks: (o: number, c: readonly Buffer[], f: boolean) => b.writeChunks!(o, c, f) } : {}),
+    ...(b.writeLent ? { writeLent: (o: number, c: readonly Buffer[], f: boolean) => b.writeLent!(o, c, f) } : {}),
     flush: over.flush ?? (() => b.flush()),
     trim: (o, l, f) => b.trim(o, l, f),
     zero: (o: number, l: number, z: ZeroOptions) => b.zero(o, l, z),

@@ -1,8 +1,8 @@
 /**
  * A store whose objects are local files (ObjectStore.local): reads in place through kept
  * open files, puts from pieces, and the volume engine using both (no block cache, no
- * assembled segment bodies), byte-exact and recoverable. Also: a write kept as its received
- * pieces, and pack merging their extents again.
+ * assembled segment bodies), byte-exact and recoverable. Also: a write given as uneven
+ * pieces (copied into the arena), and pack merging their extents again.
  */
 import test, { type ExecutionContext } from 'ava';
 import { mkdtemp, rm, readdir } from 'node:fs/promises';
@@ -60,6 +60,36 @@ test('local.read reads ranges in place; missing keys and ranges past the end fai
   await store.put('vol/a/seg/2', Buffer.from('late'));
   await store.local.read('vol/a/seg/2', 0, 4, out, 0);
   t.is(out.toString('latin1', 0, 4), 'late');
+});
+
+test('local.view lends the bytes to a synchronous use: many views in flight at once each see their own, though they share one buffer', async (t) => {
+  const store = await tempStore(t);
+  const bodies = [pattern(11, 2 * MiB), pattern(12, 700_000)];
+  await store.put('vol/a/seg/1', bodies[0]!);
+  await store.put('vol/a/seg/2', bodies[1]!);
+  const r = seededRandom(13);
+  // Started in one turn, as a session dispatches a batch of READs: every view awaits its
+  // file (the first ones open it), so their reads and uses interleave.
+  const views = Array.from({ length: 64 }, (_, i) => {
+    const which = i % 2;
+    const body = bodies[which]!;
+    const length = 1 + Math.floor(r() * Math.min(body.length, 1.5 * MiB));
+    const offset = Math.floor(r() * (body.length - length));
+    return store.local.view(`vol/a/seg/${which + 1}`, offset, length, (bytes) => {
+      // A copy, as a decoder's output would be: the lent bytes are gone once use returns.
+      return { offset, which, ok: bytes.length === length && bytes.equals(body.subarray(offset, offset + length)) };
+    });
+  });
+  const results = await Promise.all(views);
+  t.deepEqual(results.filter((x) => !x.ok), [], 'every use saw exactly its own range');
+  // What use throws is passed on as it is, and the read itself counts as done.
+  const before = { ...store.local.reads! };
+  const err = await t.throwsAsync(store.local.view('vol/a/seg/2', 0, 10, () => { throw new RangeError('the decoder said no'); }));
+  t.true(err instanceof RangeError && err.message === 'the decoder said no');
+  t.is(store.local.reads!.ok, before.ok + 1);
+  t.is(store.local.reads!.error, before.error);
+  await t.throwsAsync(store.local.view('vol/a/seg/3', 0, 10, () => 1), { instanceOf: NotFoundError });
+  await t.throwsAsync(store.local.view('vol/a/seg/2', 699_995, 10, () => 1), { instanceOf: OutOfRangeError });
 });
 
 test('local.putParts stores exactly the concatenation (create-only included)', async (t) => {
@@ -125,7 +155,7 @@ test('the engine on a local store: byte-exact through recovery, and the block ca
     'reads went to the store\'s files, and commits inserted nothing');
 });
 
-test('a large write kept as its received pieces lands byte-exact, merged into one extent per segment part', async (t) => {
+test('a large write given as uneven pieces lands byte-exact, merged into one extent per segment part', async (t) => {
   const store = await tempStore(t);
   const { open } = await localVolume(t, store);
   const v = await open();
@@ -137,7 +167,7 @@ test('a large write kept as its received pieces lands byte-exact, merged into on
     const pieces: Buffer[] = [];
     let p = pos;
     for (const n of splits) { pieces.push(Buffer.from(want.subarray(p, p + n))); p += n; }
-    await v.writeChunks(pos, pieces, false);
+    await v.writeLent(pos, pieces, false);
     pos = p;
   }
   await v.flush();
