@@ -33,9 +33,8 @@
  * their frames without a request (docs/rfc-frames.md).
  */
 
-import { crc32 } from 'node:zlib';
 import { CorruptError } from '../errors.js';
-import { FrameIndex, lengthsFromString, lengthsToString } from './frames.js';
+import { FrameIndex, crc32, lengthsFromString, lengthsToString } from './frames.js'; // zlib's crc32, faster where it can be
 
 export const LOG_MAGIC = Buffer.from('BATONLG1');
 export const LOG_MAGIC_V3 = Buffer.from('BATONLG3');

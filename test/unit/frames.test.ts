@@ -6,13 +6,14 @@
  */
 import test from 'ava';
 import { randomBytes } from 'node:crypto';
+import { crc32 as zlibCrc32 } from 'node:zlib';
 import { ChecksumError, CorruptError } from '../../src/errors.js';
 import { seededRandom } from '../../src/store/decorators.js';
 import {
   checkCheckpoint, decodeCheckpoint, decodeLogHeader, encodeCheckpoint, encodeLogRecord, framedSegmentRef, inlineFrames, segmentFrames, type LogHeader,
 } from '../../src/volume/format.js';
 import {
-  CODEC_LZ4, CODEC_RAW, FRAME_BYTES, FRAME_HEADER, FrameIndex, compressionAvailable, copyFromFrames, decodeFrame, decodeLz4Block, encodeFrame, encodeObject, encodeObjectSync, keySeed,
+  CODEC_LZ4, CODEC_RAW, FRAME_BYTES, FRAME_HEADER, FrameIndex, compressionAvailable, copyFromFrames, decodeFrame, decodeLz4Block, encodeFrame, encodeObject, encodeObjectSync, keySeed, crc32, nativeCrcAvailable,
   lengthsFromString, lengthsToString, looksRandom, scanFrames, type EncodeOptions, type FrameKeys,
 } from '../../src/volume/frames.js';
 
@@ -222,4 +223,23 @@ test('checkpoint v5: frame indexes round trip; a flipped bit anywhere is refused
     t.throws(() => decodeCheckpoint(bad, 'cp'), { instanceOf: CorruptError });
     if (bit >= 64) await t.throwsAsync(checkCheckpoint(bad, 'cp', async () => {}), { instanceOf: CorruptError });
   }
+});
+
+test('the frame checksum is zlib\'s crc32, whichever implementation computes it (sizes around the switch, seeds, continuation)', (t) => {
+  // On linux-x64 (CI) the native one must load: else every framed read pays twice for its checks.
+  if (process.platform === 'linux' && process.arch === 'x64') t.true(nativeCrcAvailable, '@node-rs/crc32 loads (npm ci installs its linux-x64-gnu binary)');
+  const r = seededRandom(7);
+  const data = randomBytes(70_000);
+  for (const len of [0, 1, 27, 28, 1023, 1024, 1025, 4096, 32 * 1024, 32 * 1024 + 32, 70_000]) {
+    for (let k = 0; k < 4; k++) {
+      const seed = k === 0 ? 0 : Math.floor(r() * 2 ** 32);
+      const off = Math.floor(r() * (data.length - len));
+      const b = data.subarray(off, off + len);
+      t.is(crc32(b, seed), zlibCrc32(b, seed), `length ${len}, seed ${seed}`);
+    }
+  }
+  // A crc continued over two pieces is the crc of the whole (frames seed the next check with the last).
+  const a = data.subarray(0, 5000);
+  const b = data.subarray(5000, 40_000);
+  t.is(crc32(b, crc32(a, 99)), zlibCrc32(data.subarray(0, 40_000), 99));
 });
