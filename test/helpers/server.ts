@@ -86,6 +86,13 @@ export async function startBatonServer(t: Teardown, opts: StartOptions = {}): Pr
   const proc = spawn(process.execPath, args, { stdio: ['ignore', 'ignore', 'pipe'], env: { ...process.env, ...env } });
   let err = '';
   proc.stderr!.on('data', (d: Buffer) => { err += d.toString(); });
+  // BATON_TEST_LOG_DIR keeps every server's log in a file of its own, for a failure seen once.
+  if (process.env.BATON_TEST_LOG_DIR) {
+    const file = path.join(process.env.BATON_TEST_LOG_DIR, `serve-${Date.now()}-${proc.pid}.log`);
+    fs.mkdirSync(process.env.BATON_TEST_LOG_DIR, { recursive: true });
+    fs.writeFileSync(file, `${args.slice(1).join(' ')}\n${JSON.stringify(env)}\n`);
+    proc.stderr!.on('data', (d: Buffer) => fs.appendFileSync(file, d));
+  }
   const exited = new Promise<void>((resolve) => proc.once('exit', () => resolve()));
   const server: BatonServer = {
     socket,

@@ -30,6 +30,7 @@
  */
 
 import { crc32 } from 'node:zlib';
+import { NBD_EIO as EIO } from '../../nbd/constants.js';
 import { seededRandom } from '../../src/store/decorators.js';
 import {
   ClosedError, CMD, CMD_FLAG_FUA, RawClient, ReadTimeoutError, SIMPLE_REPLY_MAGIC, TFLAG, requestFrame,
@@ -579,6 +580,8 @@ export interface VerifyResult {
   atAcked: number;
   /** Blocks that read as a generation written after the acknowledged one. */
   newer: number;
+  /** READs that failed with EIO and succeeded when repeated (opts.eioRetries). */
+  eioRetried: number;
   problems: Problem[];
   problemCount: number;
   /** Generation read back per block (valid where there is no problem). */
@@ -586,12 +589,18 @@ export interface VerifyResult {
   elapsedMs: number;
 }
 
-/** Read every block of the model through a fresh connection and check each against the model. */
-export async function verifyVolume(socket: string, exportName: string, model: BlockModel, opts: { chunkBlocks?: number; maxProblems?: number; goRetries?: number } = {}): Promise<VerifyResult> {
+/**
+ * Read every block of the model through a fresh connection and check each against the model.
+ * `eioRetries`: a READ that fails with EIO is repeated up to this many times (default 0) —
+ * only for a server whose store injects read faults, where an EIO is an honest answer (a GET
+ * that failed on each of its attempts) and says nothing about what the store holds; damage
+ * in the store (a missing or corrupt object) fails every repetition and is still a problem.
+ */
+export async function verifyVolume(socket: string, exportName: string, model: BlockModel, opts: { chunkBlocks?: number; maxProblems?: number; goRetries?: number; eioRetries?: number } = {}): Promise<VerifyResult> {
   const t0 = Date.now();
   const chunk = opts.chunkBlocks ?? 256;
   const maxProblems = opts.maxProblems ?? 20;
-  const res: VerifyResult = { blocks: model.blocks, zeroBlocks: 0, atAcked: 0, newer: 0, problems: [], problemCount: 0, observed: new Uint32Array(model.blocks), elapsedMs: 0 };
+  const res: VerifyResult = { blocks: model.blocks, zeroBlocks: 0, atAcked: 0, newer: 0, eioRetried: 0, problems: [], problemCount: 0, observed: new Uint32Array(model.blocks), elapsedMs: 0 };
   const problem = (p: Problem): void => {
     res.problemCount++;
     if (res.problems.length < maxProblems) res.problems.push(p);
@@ -602,7 +611,11 @@ export async function verifyVolume(socket: string, exportName: string, model: Bl
     let cookie = 1n;
     for (let start = 0; start < model.blocks; start += chunk) {
       const count = Math.min(chunk, model.blocks - start);
-      const { reply, data } = await client.readAt(cookie++, BigInt(start * BLOCK), count * BLOCK);
+      let { reply, data } = await client.readAt(cookie++, BigInt(start * BLOCK), count * BLOCK);
+      for (let retry = 0; !data && reply.error === EIO && retry < (opts.eioRetries ?? 0); retry++) {
+        ({ reply, data } = await client.readAt(cookie++, BigInt(start * BLOCK), count * BLOCK));
+        if (data) res.eioRetried++;
+      }
       if (reply.magic !== SIMPLE_REPLY_MAGIC) throw new Error(`bad reply magic 0x${reply.magic.toString(16)}`);
       if (!data) {
         for (let b = start; b < start + count; b++) problem({ block: b, kind: 'read-error', detail: `READ failed with errno ${reply.error}`, allowed: model.allowed(b) });

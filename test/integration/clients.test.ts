@@ -253,7 +253,7 @@ for (const { store, title } of STORES) needs('fio')(`fio --ioengine=nbd randrw 4
   const server = await startBatonServer(t, { volumes: [{ name: 'vol', size: 64 * MiB }], ...(store ? { store } : {}) });
   const r = await run('fio', [
     '--name=baton', '--ioengine=nbd', `--uri=${server.uri('vol')}`,
-    '--rw=randrw', '--bs=4k', '--size=32M', '--iodepth=16', '--verify=crc32c', '--fsync=64',
+    '--rw=randrw', '--bs=4k', '--size=32M', '--iodepth=16', '--verify=crc32c', '--verify_state_save=0', '--fsync=64',
     '--runtime=40', '--output-format=json',
   ], { timeoutMs: 90_000 });
   t.is(r.code, 0, r.output);

@@ -99,6 +99,11 @@ async function startHost(t: ExecutionContext, target: Target, faults?: { seed?: 
   }
 }
 
+/** Whether a host with these BATON_FAULTS injects faults into GETs (FaultOptions.ops: all when absent). */
+function faultsReads(faults: { ops?: string[] } | undefined): boolean {
+  return faults !== undefined && (faults.ops === undefined || faults.ops.includes('get'));
+}
+
 // ------------------------------------------------------------------ kill plans
 
 type KillPlan =
@@ -162,7 +167,7 @@ interface RoundsOptions {
   /** Latency / faults: longer timers, more patience. */
   slow: boolean;
   /** BATON_FAULTS for server i (undefined: none). */
-  faultsFor?: (i: number) => { seed?: number } | undefined;
+  faultsFor?: (i: number) => { seed?: number; ops?: string[] } | undefined;
   fallbackMs: number;
 }
 
@@ -184,7 +189,9 @@ async function crashRounds(t: ExecutionContext, target: Target, o: RoundsOptions
   const verify = async (round: number, what: string): Promise<VerifyResult | null> => {
     let v: VerifyResult;
     try {
-      v = await verifyVolume(server.socket, VOLUME, model, { goRetries: GO_RETRIES });
+      // A host whose store injects faults into GETs may answer a READ with EIO (every attempt
+      // of a GET failed): honest, so such a READ is repeated; damage in the store fails every time.
+      v = await verifyVolume(server.socket, VOLUME, model, { goRetries: GO_RETRIES, eioRetries: faultsReads(faults) ? 3 : 0 });
     } catch (err) {
       t.log(`[${target.label}] seed ${o.seed}, ${what}: reading the volume failed: ${String(err)}\n${tail()}`);
       throw err;
@@ -199,7 +206,7 @@ async function crashRounds(t: ExecutionContext, target: Target, o: RoundsOptions
     for (const g of model.acked) if (g !== 0) acked++;
     if (acked > 0) cov.ackedRounds++;
     cov.newer += v.newer;
-    if (round >= 0) t.log(`  verified ${v.blocks} blocks in ${v.elapsedMs} ms: ${v.atAcked} at the acknowledged generation, ${v.newer} newer (unacknowledged but landed), ${v.zeroBlocks} zero`);
+    if (round >= 0) t.log(`  verified ${v.blocks} blocks in ${v.elapsedMs} ms: ${v.atAcked} at the acknowledged generation, ${v.newer} newer (unacknowledged but landed), ${v.zeroBlocks} zero${v.eioRetried > 0 ? `; ${v.eioRetried} READs answered EIO under injected faults and were read again` : ''}`);
     model.rebase(v.observed);
     return v;
   };
