@@ -38,7 +38,7 @@
  */
 import { strict as assert } from 'node:assert';
 import { randomBytes } from 'node:crypto';
-import { close as fsClose, constants as fsc, fstat as fsFstat, open as fsOpen, read as fsRead, readFileSync, readSync, stat as fsStat, type Dirent, type Stats } from 'node:fs';
+import { close as fsClose, constants as fsc, fstat as fsFstat, open as fsOpen, read as fsRead, readFileSync, readSync, readvSync, stat as fsStat, type Dirent, type Stats } from 'node:fs';
 import { link, mkdir, open, readdir, rename, rmdir, stat, unlink, type FileHandle } from 'node:fs/promises';
 import { dirname, join, resolve } from 'node:path';
 import {
@@ -198,6 +198,25 @@ function preadFully(fd: number, key: string, out: Buffer, outOff: number, length
   }
 }
 
+/** preadv exactly the parts' bytes at `position` (a short read goes on where it stopped), or CorruptError at the file's end. */
+function preadvFully(fd: number, key: string, parts: readonly Buffer[], position: number): void {
+  let bufs = parts;
+  let pos = position;
+  for (;;) {
+    let want = 0;
+    for (const b of bufs) want += b.length;
+    if (want === 0) return;
+    const n = readvSync(fd, bufs as Buffer[], pos);
+    if (n === want) return;
+    if (n === 0) throw new CorruptError(`get ${key}: file ended early (wanted ${want} more bytes at ${pos - LOCAL_HEADER_SIZE})`);
+    let i = 0;
+    let k = n;
+    while (k >= bufs[i]!.length) { k -= bufs[i]!.length; i++; }
+    bufs = [bufs[i]!.subarray(k), ...bufs.slice(i + 1)];
+    pos += n;
+  }
+}
+
 interface OpenFile { fh: Promise<{ fh: FileHandle; size: number }>; readers: number; lastUsed: number; forgotten: boolean }
 
 async function fsyncDir(path: string): Promise<void> {
@@ -223,6 +242,11 @@ export class LocalDirObjectStore implements ObjectStore {
   readonly local: LocalObjects = {
     read: (key, offset, length, out, outOff) => this.#readInPlace(key, offset, length, out, outOff),
     view: (key, offset, length, use) => this.#view(key, offset, length, use),
+    readv: (key, offset, parts) => {
+      let length = 0;
+      for (const p of parts) length += p.length;
+      return this.#withFile(key, offset, length, (fd) => preadvFully(fd, key, parts, LOCAL_HEADER_SIZE + offset));
+    },
     putParts: (key, parts, options) => this.#put(key, parts, options),
     reads: this.#reads,
   };

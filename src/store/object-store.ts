@@ -98,6 +98,8 @@ export interface LocalObjects {
    * the stored bytes into a buffer of its own (framed data): no buffer of its own for them.
    */
   view<T>(key: string, offset: number, length: number, use: (bytes: Buffer) => T): Promise<T>;
+  /** Fill `parts` in order with bytes from `offset` on (a scatter read: read() into each in turn). */
+  readv(key: string, offset: number, parts: readonly Buffer[]): Promise<void>;
   /** Exactly put(key, concatenation of parts, options), without concatenating them. */
   putParts(key: string, parts: readonly Buffer[], options?: PutOptions): Promise<void>;
   /**

@@ -278,6 +278,9 @@ export class SettingsCheckedObjectStore implements ObjectStore {
         view: (key, offset, length, use) => (this.#state === 'ok'
           ? inner.view(key, offset, length, use)
           : this.#ready(false).then(() => inner.view(key, offset, length, use))),
+        readv: (key, offset, parts) => (this.#state === 'ok'
+          ? inner.readv(key, offset, parts)
+          : this.#ready(false).then(() => inner.readv(key, offset, parts))),
         putParts: (key, parts, options) => (this.#state === 'ok'
           ? inner.putParts(key, parts, options)
           : this.#ready(true).then(() => inner.putParts(key, parts, options))),

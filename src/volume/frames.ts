@@ -394,25 +394,34 @@ export function lengthsFromString(s: unknown, what: string): Uint32Array {
  * A raw plaintext frame's result is a view of `frame`.
  */
 export function decodeFrame(objectKey: string, seed: number, index: number, frame: Buffer, expectLogical: number, keys: FrameKeys | null): Buffer {
+  if (frame.length < FRAME_HEADER) throw new ChecksumError(objectKey, index, `${frame.length} bytes, shorter than a frame header`);
+  return decodeFrameParts(objectKey, seed, index, frame.subarray(0, FRAME_HEADER), frame.subarray(FRAME_HEADER), expectLogical, keys);
+}
+
+/**
+ * decodeFrame of a frame whose header (FRAME_HEADER bytes) and payload lie apart: read
+ * straight into where their logical bytes belong (Volume.readObject). A raw plaintext
+ * frame's result is `payload` itself.
+ */
+export function decodeFrameParts(objectKey: string, seed: number, index: number, header: Buffer, payload: Buffer, expectLogical: number, keys: FrameKeys | null): Buffer {
   const fail = (why: string): never => { throw new ChecksumError(objectKey, index, why); };
-  if (frame.length < FRAME_HEADER) fail(`${frame.length} bytes, shorter than a frame header`);
-  if (frame[0] !== FRAME_MAGIC || frame[1] !== FRAME_VERSION) fail('not a frame header (magic/version)');
-  const codec = frame[2]!;
-  const flags = frame[3]!;
-  const logical = frame.readUInt32LE(4);
-  const payloadLen = frame.readUInt32LE(8);
+  if (header.length !== FRAME_HEADER) fail(`${header.length} header bytes`);
+  if (header[0] !== FRAME_MAGIC || header[1] !== FRAME_VERSION) fail('not a frame header (magic/version)');
+  const codec = header[2]!;
+  const flags = header[3]!;
+  const logical = header.readUInt32LE(4);
+  const payloadLen = header.readUInt32LE(8);
   const fseed = frameSeed(seed, index);
-  if (FRAME_HEADER + payloadLen !== frame.length) fail(`header says ${payloadLen} payload bytes, the index ${frame.length - FRAME_HEADER}`);
+  if (payloadLen !== payload.length) fail(`header says ${payloadLen} payload bytes, the index ${payload.length}`);
   if (logical !== expectLogical) fail(`header says ${logical} logical bytes, the index ${expectLogical}`);
   if ((codec !== CODEC_RAW && codec !== CODEC_LZ4) || (flags & ~FLAG_ENCRYPTED) !== 0) fail(`unknown codec ${codec} or flags ${flags}`);
-  const payload = frame.subarray(FRAME_HEADER);
-  let crcF = crc32(frame.subarray(0, 28), fseed);
+  let crcF = crc32(header.subarray(0, 28), fseed);
   if (flags & FLAG_ENCRYPTED) {
-    if (crcF !== frame.readUInt32LE(28)) fail('header checksum mismatch');
+    if (crcF !== header.readUInt32LE(28)) fail('header checksum mismatch');
     if (payloadLen < 4 + GCM_TAG) fail('encrypted payload too short');
     if (!keys) fail('encrypted frame, and this volume has no key for it');
-    const d = createDecipheriv('aes-256-gcm', keys!.readKey(objectKey), frame.subarray(16, 28));
-    d.setAAD(aad(objectKey, index, frame));
+    const d = createDecipheriv('aes-256-gcm', keys!.readKey(objectKey), header.subarray(16, 28));
+    d.setAAD(aad(objectKey, index, header));
     d.setAuthTag(payload.subarray(payload.length - GCM_TAG));
     let plain: Buffer;
     try {
@@ -428,9 +437,9 @@ export function decodeFrame(objectKey: string, seed: number, index: number, fram
     return out;
   }
   if (codec !== CODEC_RAW) crcF = crc32(payload, crcF);
-  if (crcF !== frame.readUInt32LE(28)) fail('frame checksum mismatch');
+  if (crcF !== header.readUInt32LE(28)) fail('frame checksum mismatch');
   const out = codec === CODEC_LZ4 ? lz4OrFail(payload, logical, fail) : payload;
-  if (out.length !== logical || crc32(out, fseed) !== frame.readUInt32LE(12)) fail('logical checksum mismatch');
+  if (out.length !== logical || crc32(out, fseed) !== header.readUInt32LE(12)) fail('logical checksum mismatch');
   return out;
 }
 
@@ -455,6 +464,49 @@ export function copyFromFrames(objectKey: string, idx: FrameIndex, stored: Buffe
     const from = Math.max(off, frameStart);
     const to = Math.min(off + len, frameStart + logical.length);
     logical.copy(out, outOff + (from - off), from - frameStart, to - frameStart);
+  }
+}
+
+/**
+ * A read of logical bytes [off, off+len) whose frames can be read straight into `out`: every
+ * frame of the span lies wholly inside the range and is stored raw-sized (its header and its
+ * logical bytes: what a raw plaintext frame is). `parts` is the scatter list for the span's
+ * stored bytes, each frame's header into `headers` and its payload into its place in `out`;
+ * null when the span is not like that (then the frames are read and decoded elsewhere first).
+ */
+export interface DirectRead { parts: Buffer[]; headers: Buffer; first: number; last: number }
+
+export function planDirectRead(idx: FrameIndex, off: number, len: number, out: Buffer, outOff: number): DirectRead | null {
+  const { first, last } = idx.span(off, len);
+  const F = idx.frameBytes;
+  if (first * F < off || Math.min((last + 1) * F, idx.logical) > off + len) return null;
+  for (let i = first; i <= last; i++) {
+    if (idx.ends[i + 1]! - idx.ends[i]! !== FRAME_HEADER + Math.min(F, idx.logical - i * F)) return null;
+  }
+  const headers = Buffer.allocUnsafe((last - first + 1) * FRAME_HEADER);
+  const parts: Buffer[] = [];
+  for (let i = first; i <= last; i++) {
+    const h = (i - first) * FRAME_HEADER;
+    const at = outOff + (i * F - off);
+    parts.push(headers.subarray(h, h + FRAME_HEADER), out.subarray(at, at + Math.min(F, idx.logical - i * F)));
+  }
+  return { parts, headers, first, last };
+}
+
+/**
+ * Check (and, for a frame that was not raw after all, decode in place) the frames of a
+ * direct read once its parts are filled: ChecksumError as decodeFrame. Before it returns,
+ * no byte in `out` may be used.
+ */
+export function finishDirectRead(objectKey: string, d: DirectRead, keys: FrameKeys | null): void {
+  const seed = keySeed(objectKey);
+  for (let i = d.first; i <= d.last; i++) {
+    const k = 2 * (i - d.first);
+    const payload = d.parts[k + 1]!;
+    const logical = decodeFrameParts(objectKey, seed, i, d.parts[k]!, payload, payload.length, keys);
+    // Raw: the payload is the logical bytes, in place. A raw-sized compressed frame decodes
+    // into a buffer of its own, the same length (checked above), copied over its payload.
+    if (logical !== payload) logical.copy(payload);
   }
 }
 

@@ -48,7 +48,7 @@ import {
   followsChain, framedSegmentRef, inlineFrames, keys, logHeaderEnd, maxOperationMs, recordCounts, segmentFrames, seqFromKey, timeBounds,
   type CheckpointData, type DataSettings, type LogHeader, type RecordExtent, type VolumeRecord, type WorkingSetData,
 } from './format.js';
-import { FRAME_BYTES, compressionAvailable, copyFromFrames, encodeObject, lengthsToString, type EncodeOptions, type FrameIndex, type FrameKeys } from './frames.js';
+import { FRAME_BYTES, compressionAvailable, copyFromFrames, encodeObject, finishDirectRead, planDirectRead, lengthsToString, type EncodeOptions, type FrameIndex, type FrameKeys } from './frames.js';
 
 /** The lease token is not above the highest one in the log: re-acquire with `minToken`. */
 export class StaleTokenError extends BatonError {
@@ -866,7 +866,10 @@ export class Volume implements BlockBackend {
    * whose check fails is never returned: the error is logged with the object and frame, its
    * cached blocks are dropped, and the range is read once more straight from the store; a
    * second failure is a ChecksumError (EIO to the client). A raw object (written before issue
-   * 16) has nothing to check and is read as before.
+   * 16) has nothing to check and is read as before. On a local store, whole raw frames (what a
+   * sequential reader of incompressible data asks for) are read straight into `out` and checked
+   * there (planDirectRead): `out` holds unchecked bytes until then, which is why nothing may
+   * use it before this settles (Volume.read) and a failure leaves it to the caller's error path.
    */
   private async readObject(key: string, size: number, fr: FrameIndex | null, off: number, len: number, out: Buffer, outOff: number, readahead: number): Promise<void> {
     const local = this.local;
@@ -879,7 +882,20 @@ export class Volume implements BlockBackend {
     const sp = fr.span(off, len);
     const n = sp.end - sp.start;
     if (local) {
-      // Checked and decoded in the store's own buffer, lent for as long as that takes.
+      // Raw frames wholly inside the range (a sequential reader's): read straight into `out`,
+      // each payload where its bytes belong, and checked there before the read returns.
+      const direct = planDirectRead(fr, off, len, out, outOff);
+      if (direct !== null) {
+        await local.readv(key, sp.start, direct.parts);
+        try {
+          finishDirectRead(key, direct, this.frameKeys);
+          return;
+        } catch (err) {
+          if (!(err instanceof ChecksumError)) throw err;
+          this.log.error({ key, frame: err.frame, reason: err.reason, start: sp.start, end: sp.end }, 'stored data failed its check; reading it again from the store');
+        }
+      }
+      // Else checked and decoded in the store's own buffer, lent for as long as that takes.
       const decode = (stored: Buffer): void => copyFromFrames(key, fr, stored, off, len, out, outOff, this.frameKeys);
       try {
         await local.view(key, sp.start, n, decode);

@@ -190,32 +190,47 @@ test('a damaged block in the read cache (the store\'s copy is good): the reader 
   t.false(cap.lines.some((l) => l.msg.startsWith('stored data failed its check again')), 'the re-fetch was good');
 });
 
-test('file: store: a flipped bit in a segment file is EIO, never the bytes; the rest reads', async (t) => {
-  const dir = await tempDir(t);
-  const store = new LocalDirObjectStore(dir);
-  t.truthy(store.local, 'reads in place');
-  const a = host(store, { segmentBytes: 256 * KiB });
-  await a.catalog.create('v', 16 * MiB);
-  const v = await a.open('v');
-  const data = mixed(3, 1 * MiB);
-  await v.write(0, data, true);
-  await v.close();
-  const segs = (await listAll(store, keys.volumePrefix(v.volumeId))).filter((o) => o.key.includes('/seg/'));
-  // Flip a bit in the file itself, near its end (the store's own header is at the start).
-  const file = path.join(dir, ...segs[2]!.key.split('/')) + OBJ_SUFFIX;
-  const st = await fsp.stat(file).catch(() => null);
-  t.truthy(st, `the object is the file ${file}`);
-  const fd = await fsp.open(file, 'r+');
-  const b = Buffer.alloc(1);
-  await fd.read(b, 0, 1, st!.size - 5000);
-  b[0]! ^= 0x40;
-  await fd.write(b, 0, 1, st!.size - 5000);
-  await fd.close();
-  const w = await host(new LocalDirObjectStore(dir)).open('v', true);
-  await t.throwsAsync(w.read(0, 1 * MiB), { instanceOf: ChecksumError });
-  t.true((await w.read(0, 512 * KiB)).equals(data.subarray(0, 512 * KiB)));
-  t.true((await w.read(768 * KiB, 256 * KiB)).equals(data.subarray(768 * KiB)));
-});
+for (const kind of ['mixed', 'random'] as const) {
+  // random: every frame raw, so whole-frame reads go straight into the caller's buffer (planDirectRead).
+  test(`file: store: a flipped bit in a segment file is EIO, never the bytes; the rest reads (${kind} data)`, async (t) => {
+    const dir = await tempDir(t);
+    const store = new LocalDirObjectStore(dir);
+    t.truthy(store.local, 'reads in place');
+    const a = host(store, { segmentBytes: 256 * KiB });
+    await a.catalog.create('v', 16 * MiB);
+    const v = await a.open('v');
+    const data = kind === 'mixed' ? mixed(3, 1 * MiB) : rnd(3, 1 * MiB);
+    await v.write(0, data, true);
+    await v.close();
+    const segs = (await listAll(store, keys.volumePrefix(v.volumeId))).filter((o) => o.key.includes('/seg/'));
+    // Flip a bit in the file itself, near its end (the store's own header is at the start).
+    const file = path.join(dir, ...segs[2]!.key.split('/')) + OBJ_SUFFIX;
+    const st = await fsp.stat(file).catch(() => null);
+    t.truthy(st, `the object is the file ${file}`);
+    const fd = await fsp.open(file, 'r+');
+    const b = Buffer.alloc(1);
+    await fd.read(b, 0, 1, st!.size - 5000);
+    b[0]! ^= 0x40;
+    await fd.write(b, 0, 1, st!.size - 5000);
+    await fd.close();
+    const cap = capturing();
+    const w = await host(new LocalDirObjectStore(dir), {}, cap.log).open('v', true);
+    const out = Buffer.alloc(1 * MiB);
+    await t.throwsAsync(w.read(0, 1 * MiB, out), { instanceOf: ChecksumError });
+    t.true(cap.lines.some((l) => l.level >= 50 && l.msg.startsWith('stored data failed its check again')), 'the failure is logged');
+    t.true((await w.read(0, 512 * KiB)).equals(data.subarray(0, 512 * KiB)));
+    t.true((await w.read(768 * KiB, 256 * KiB)).equals(data.subarray(768 * KiB)));
+    // Reads of every alignment around the damaged frame: the bytes or EIO, never other bytes.
+    const r = seededRandom(kind === 'mixed' ? 5 : 6);
+    for (let i = 0; i < 40; i++) {
+      const len = 1 + Math.floor(r() * 300 * KiB);
+      const off = 512 * KiB + Math.floor(r() * (512 * KiB - len));
+      const got = await w.read(off, len).catch((err: unknown) => err);
+      if (got instanceof ChecksumError) continue;
+      t.true(Buffer.isBuffer(got) && got.equals(data.subarray(off, off + len)), `read [${off}, +${len})`);
+    }
+  });
+}
 
 test('0 wrong bytes: random damage to random objects of a volume (segments, inline data, headers), every read is the right bytes or an error', async (t) => {
   const mem = new MemoryObjectStore();

@@ -13,7 +13,7 @@ import {
   checkCheckpoint, decodeCheckpoint, decodeLogHeader, encodeCheckpoint, encodeLogRecord, framedSegmentRef, inlineFrames, segmentFrames, type LogHeader,
 } from '../../src/volume/format.js';
 import {
-  CODEC_LZ4, CODEC_RAW, FRAME_BYTES, FRAME_HEADER, FrameIndex, compressionAvailable, copyFromFrames, decodeFrame, decodeLz4Block, encodeFrame, encodeObject, encodeObjectSync, keySeed, crc32, nativeCrcAvailable,
+  CODEC_LZ4, CODEC_RAW, FRAME_BYTES, FRAME_HEADER, FrameIndex, compressionAvailable, copyFromFrames, decodeFrame, decodeLz4Block, encodeFrame, encodeObject, encodeObjectSync, keySeed, crc32, nativeCrcAvailable, planDirectRead, finishDirectRead,
   lengthsFromString, lengthsToString, looksRandom, scanFrames, type EncodeOptions, type FrameKeys,
 } from '../../src/volume/frames.js';
 
@@ -242,4 +242,35 @@ test('the frame checksum is zlib\'s crc32, whichever implementation computes it 
   const a = data.subarray(0, 5000);
   const b = data.subarray(5000, 40_000);
   t.is(crc32(b, crc32(a, 99)), zlibCrc32(data.subarray(0, 40_000), 99));
+});
+
+test('direct reads: only whole raw-sized frames are planned straight into the buffer; filled and finished, they are the logical bytes, and a damaged one is a ChecksumError', (t) => {
+  const F = FRAME_BYTES;
+  // Frames 0-3 random (raw), 4-5 text (lz4 when available), 6 random and short.
+  const data = Buffer.concat([rnd(21, 4 * F), text(2 * F), rnd(22, F - 100)]);
+  const e = encodeObjectSync(KEY, [data], data.length, plain(true));
+  const body = Buffer.concat(e.pieces);
+  const idx = indexOf(e.lengths, data.length);
+  const read = (off: number, len: number, damageAt = -1): Buffer | null | Error => {
+    const out = Buffer.alloc(len + 10, 0xaa);
+    const d = planDirectRead(idx, off, len, out, 5);
+    if (d === null) return null;
+    const sp = idx.span(off, len);
+    let at = sp.start;
+    for (const p of d.parts) { body.copy(p, 0, at, at + p.length); at += p.length; }
+    t.is(at, sp.end, 'the parts cover the span exactly');
+    if (damageAt >= 0) d.parts[damageAt]![7]! ^= 1;
+    try { finishDirectRead(KEY, d, null); } catch (err) { return err as Error; }
+    t.is(out[4], 0xaa, 'nothing before outOff');
+    t.is(out[5 + len], 0xaa, 'nothing after the range');
+    return out.subarray(5, 5 + len);
+  };
+  t.deepEqual(read(0, 4 * F), data.subarray(0, 4 * F), 'whole raw frames');
+  t.deepEqual(read(F, 2 * F), data.subarray(F, 3 * F));
+  t.deepEqual(read(6 * F, F - 100), data.subarray(6 * F), 'the short last frame');
+  t.is(read(0, 4 * F - 1), null, 'a frame not wholly inside');
+  t.is(read(1, F), null, 'unaligned');
+  if (compressionAvailable) t.is(read(4 * F, 2 * F), null, 'compressed frames are decoded elsewhere');
+  t.true(read(0, 2 * F, 1) instanceof ChecksumError, 'a damaged payload');
+  t.true(read(0, 2 * F, 2) instanceof ChecksumError, 'a damaged header');
 });

@@ -92,6 +92,20 @@ test('local.view lends the bytes to a synchronous use: many views in flight at o
   await t.throwsAsync(store.local.view('vol/a/seg/2', 699_995, 10, () => 1), { instanceOf: OutOfRangeError });
 });
 
+test('local.readv fills its parts in order, also more parts than one preadv takes (IOV_MAX)', async (t) => {
+  const store = await tempStore(t);
+  const body = pattern(21, 3 * MiB);
+  await store.put('vol/a/seg/1', body);
+  const r = seededRandom(22);
+  const parts: Buffer[] = [];
+  let total = 0;
+  while (total < 2 * MiB) { const n = 1 + Math.floor(r() * 1500); parts.push(Buffer.alloc(n, 0xee)); total += n; }
+  t.true(parts.length > 1024, `${parts.length} parts`);
+  await store.local.readv('vol/a/seg/1', 12_345, parts);
+  t.true(Buffer.concat(parts).equals(body.subarray(12_345, 12_345 + total)));
+  await t.throwsAsync(store.local.readv('vol/a/seg/1', 3 * MiB - 10, [Buffer.alloc(8), Buffer.alloc(8)]), { instanceOf: OutOfRangeError });
+});
+
 test('local.putParts stores exactly the concatenation (create-only included)', async (t) => {
   const store = await tempStore(t);
   const parts = [pattern(2, 70_000), Buffer.alloc(0), pattern(3, 5), pattern(4, 1_000_000)];
