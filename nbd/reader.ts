@@ -69,7 +69,7 @@ export class FrameReader {
   private head = 0; // offset into chunks[0]
   private buffered = 0;
   private waiter: { n: number; resolve: (b: Buffer) => void; reject: (e: Error) => void } | null = null;
-  private piecesWaiter: { n: number; lend: boolean; resolve: (x: Buffer[] | Lent) => void; reject: (e: Error) => void } | null = null;
+  private piecesWaiter: { n: number; resolve: (x: Lent) => void; reject: (e: Error) => void } | null = null;
   private ended = false;
   private paused = false;
   private slabs = false;
@@ -131,16 +131,6 @@ export class FrameReader {
   }
 
   /**
-   * Exactly `n` bytes as the received pieces (subarrays, no copy; copies of what lies in a
-   * slab): for a consumer that copies them somewhere anyway, this saves assembling one
-   * contiguous buffer.
-   */
-  readChunks(n: number): Promise<Buffer[]> {
-    if (this.buffered >= n) return Promise.resolve(this.ownPieces(n));
-    return this.waitPieces(n, false) as Promise<Buffer[]>;
-  }
-
-  /**
    * Exactly `n` bytes as the received pieces, lent: valid until release(). For a consumer
    * that copies them before it returns (BlockBackend.writeLent); nothing is copied here.
    */
@@ -150,7 +140,7 @@ export class FrameReader {
 
   lend(n: number): Promise<Lent> {
     const lent = this.tryLend(n);
-    return lent ? Promise.resolve(lent) : this.waitPieces(n, true) as Promise<Lent>;
+    return lent ? Promise.resolve(lent) : this.waitPieces(n);
   }
 
   /**
@@ -194,11 +184,11 @@ export class FrameReader {
     return true;
   }
 
-  private waitPieces(n: number, lend: boolean): Promise<Buffer[] | Lent> {
+  private waitPieces(n: number): Promise<Lent> {
     if (this.ended) return Promise.reject(new ConnectionClosedError());
     if (this.waiter || this.piecesWaiter) return Promise.reject(new Error('FrameReader: concurrent read'));
     if (this.paused) this.resume();
-    return new Promise((resolve, reject) => { this.piecesWaiter = { n, lend, resolve, reject }; });
+    return new Promise((resolve, reject) => { this.piecesWaiter = { n, resolve, reject }; });
   }
 
   /** `n` buffered bytes as subarrays of the chunks they lie in; `owners` gets each one's slab. */
@@ -215,18 +205,6 @@ export class FrameReader {
       this.advance(k);
     }
     this.resumeIfDrained();
-    return out;
-  }
-
-  private ownPieces(n: number): Buffer[] {
-    const owners: (Slab | null)[] = [];
-    const out = this.takePieces(n, owners);
-    for (let i = 0; i < out.length; i++) {
-      const slab = owners[i];
-      if (!slab) continue;
-      out[i] = Buffer.from(out[i]!); // a slab's bytes are reused: the consumer gets its own copy
-      slab.consumed(out[i]!.length);
-    }
     return out;
   }
 
@@ -289,7 +267,7 @@ export class FrameReader {
     const pw = this.piecesWaiter;
     if (pw && this.buffered >= pw.n) {
       this.piecesWaiter = null;
-      pw.resolve(pw.lend ? this.lendPieces(pw.n) : this.ownPieces(pw.n));
+      pw.resolve(this.lendPieces(pw.n));
     }
     if (!this.paused && this.buffered > this.highWater && !(this.waiter && this.waiter.n > this.buffered) && !(this.piecesWaiter && this.piecesWaiter.n > this.buffered)) {
       this.paused = true;

@@ -173,7 +173,7 @@ test('a large write given as uneven pieces lands byte-exact, merged into one ext
   const store = await tempStore(t);
   const { open } = await localVolume(t, store);
   const v = await open();
-  // 256 KiB writes as a socket delivers them: uneven pieces (what FrameReader.readChunks gives).
+  // 256 KiB writes as a socket delivers them: uneven pieces (as FrameReader.lend gives them).
   const want = pattern(7, 4 * MiB);
   const splits = [1, 4093, 65_536, 100, 65_536, 125_878];
   let pos = 0;
