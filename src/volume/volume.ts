@@ -237,6 +237,8 @@ export interface VolumeStats {
   fenced: boolean;
   /** Chunks in the working set (working-set.ts). */
   workingSetChunks: number;
+  /** Memory of the write arena (ArenaChunk): chunks being filled, holding buffered writes, or free for reuse. */
+  arenaBytes: number;
   /** The background hydration started at open (hydrate.ts), if any. */
   hydration: HydrationStatus | null;
 }
@@ -260,8 +262,12 @@ function deferred(): Deferred {
 }
 
 const ARENA_CHUNK = 1024 * 1024;
-/** Free arena chunks kept while nothing is buffered (more are kept while data flows: up to the hard limit's worth). */
-const ARENA_IDLE_KEEP = 4;
+/**
+ * Arena chunks kept while nothing is buffered (more are kept while data flows: up to the hard
+ * limit's worth). One: a volume whose writes all landed keeps 1 MiB for its next write, not
+ * the chunk it was filling plus a burst's free ones (5 MiB per open idle volume before).
+ */
+const ARENA_IDLE_KEEP = 1;
 /** How many recent read ends the sequential-reader detection keeps (Volume.readEnds). */
 const READ_ENDS_KEPT = 256;
 /** Sequential prefetch (Volume.prefetchAhead): from this streak on, this far ahead, this much at a time. */
@@ -325,6 +331,8 @@ export class Volume implements BlockBackend {
   private dirtyChunks = new Set<ArenaChunk>();
   /** Arena chunks nothing holds, ready for reuse (bounded: releaseChunk). */
   private readonly arenaFree: ArenaChunk[] = [];
+  /** Arena chunks in existence (being filled, held, or free): VolumeStats.arenaBytes. */
+  private arenaChunks = 0;
 
   private nextSeq = 1;
   private lastCheckpointSeq = 0;
@@ -1247,7 +1255,11 @@ export class Volume implements BlockBackend {
   /** Let go of the full (or no) chunk being filled and take a free one, or a new one. */
   private nextArenaChunk(): void {
     if (this.arena !== null) this.releaseChunk(this.arena);
-    const c = this.arenaFree.pop() ?? { buf: Buffer.allocUnsafe(ARENA_CHUNK), holds: 0 };
+    let c = this.arenaFree.pop();
+    if (c === undefined) {
+      c = { buf: Buffer.allocUnsafe(ARENA_CHUNK), holds: 0 };
+      this.arenaChunks++;
+    }
     assert(c.holds === 0, 'a free arena chunk is held by nothing');
     c.holds = 1; // the allocator's, until it is full
     this.arena = c;
@@ -1263,10 +1275,26 @@ export class Volume implements BlockBackend {
     assert(c.holds > 0, 'an arena chunk is released once per hold');
     if (--c.holds > 0) return;
     if (this.arenaFree.length * ARENA_CHUNK < this.hardLimit) this.arenaFree.push(c);
+    else this.arenaChunks--; // left to the collector
   }
 
+  /**
+   * Nothing buffered any more (every layer landed): the allocator lets go of the chunk it was
+   * filling too (the next write takes a free one, maybe this one, from its start: the hold
+   * counts say nothing else can read it once it is free), and ARENA_IDLE_KEEP free ones stay.
+   */
   private releaseIdleArena(): void {
-    if (this.heldBytes === 0 && this.arenaFree.length > ARENA_IDLE_KEEP) this.arenaFree.length = ARENA_IDLE_KEEP;
+    if (this.heldBytes !== 0) return;
+    if (this.arena !== null) {
+      const a = this.arena;
+      this.arena = null;
+      this.arenaUsed = 0;
+      this.releaseChunk(a);
+    }
+    if (this.arenaFree.length > ARENA_IDLE_KEEP) {
+      this.arenaChunks -= this.arenaFree.length - ARENA_IDLE_KEEP;
+      this.arenaFree.length = ARENA_IDLE_KEEP;
+    }
   }
 
   async trim(offset: number, length: number, fua: boolean): Promise<void> {
@@ -1904,7 +1932,7 @@ export class Volume implements BlockBackend {
       dirtyBytes: this.dirtyBytes, sealedBytes: this.heldBytes - this.dirtyBytes, commits: this.commits, committedBytes: this.committedBytes,
       lastCommitSeq: this.nextSeq - 1, lastFlushAt: this.lastFlushAt, extents: this.committed.size,
       bufferedExtents: this.sealed.reduce((n, l) => n + l.map.size, this.dirty.size), fenced: this.isFenced,
-      workingSetChunks: this.workingSet.size, hydration: this.hydrationStatus,
+      workingSetChunks: this.workingSet.size, arenaBytes: this.arenaChunks * ARENA_CHUNK, hydration: this.hydrationStatus,
     };
   }
 
