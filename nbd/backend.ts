@@ -52,6 +52,14 @@ export interface BlockBackend {
    * to read.
    */
   readLent?(offset: number, length: number): Promise<Lent>;
+  /**
+   * For a backend whose reads are CPU work on this thread (local memory or disk, nothing to
+   * wait for): how many READs a connection executes at once (the rest wait their turn in
+   * arrival order). Each one executing holds its reply buffer; more of them only hold more
+   * memory. Absent: no limit beyond the session's (reads that wait on a remote store need
+   * to be many).
+   */
+  readonly maxConcurrentReads?: number | undefined;
   /** `data` is owned by the backend after the call (the session never reuses it). */
   write(offset: number, data: Buffer, fua: boolean): Promise<void>;
   /**

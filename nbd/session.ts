@@ -133,6 +133,9 @@ export class NbdSession {
   private shuttingDown = false;
   private corked = false;
   private closed = false;
+  /** READs dispatched whose reply is not yet written, and those waiting for backend.maxConcurrentReads (FIFO). */
+  private readsExecuting = 0;
+  private readonly heldReads: { backend: BlockBackend; ctx: ValidationContext; req: codec.Request }[] = [];
 
   constructor(sock: Duplex, provider: ExportProvider, private readonly opts: SessionOptions) {
     this.sock = sock;
@@ -520,7 +523,12 @@ export class NbdSession {
         await this.acquireSlot(this.slotBytes(req));
       }
       if (!lent) {
-        this.dispatch(backend, ctx, req, payload);
+        const limit = backend.maxConcurrentReads;
+        if (req.type === C.NBD_CMD_READ && limit !== undefined && (this.heldReads.length > 0 || this.readsExecuting >= limit)) {
+          this.heldReads.push({ backend, ctx, req }); // its slot is held: a READ done dispatches it (dispatch)
+        } else {
+          this.dispatch(backend, ctx, req, payload);
+        }
         continue;
       }
       // writeLent has copied the pieces by the time dispatch returns (it calls the backend synchronously).
@@ -574,7 +582,21 @@ export class NbdSession {
   /** Called synchronously in arrival order; the backend call starts before this returns. */
   private dispatch(backend: BlockBackend, ctx: ValidationContext, req: codec.Request, payload: Buffer | undefined, chunks?: Buffer[]): void {
     const slotBytes = this.slotBytes(req);
-    const done = (): void => this.releaseSlot(slotBytes);
+    let done = (): void => this.releaseSlot(slotBytes);
+    if (req.type === C.NBD_CMD_READ) {
+      // A READ held for maxConcurrentReads waits only for one executing: each done lets the
+      // next go (so held READs cannot be left behind: one is held only while one executes).
+      this.readsExecuting++;
+      done = (): void => {
+        this.readsExecuting--;
+        this.releaseSlot(slotBytes);
+        const limit = backend.maxConcurrentReads ?? Infinity;
+        while (this.heldReads.length > 0 && this.readsExecuting < limit) {
+          const r = this.heldReads.shift()!;
+          this.dispatch(r.backend, r.ctx, r.req, undefined);
+        }
+      };
+    }
     const stats = this.stats;
     const v = validateRequest(req, ctx);
     if (!v.ok) {

@@ -262,6 +262,8 @@ function deferred(): Deferred {
 }
 
 const ARENA_CHUNK = 1024 * 1024;
+/** Volume.maxConcurrentReads on a local store. */
+const LOCAL_READS_AT_ONCE = 16;
 /**
  * Arena chunks kept while nothing is buffered (more are kept while data flows: up to the hard
  * limit's worth). One: a volume whose writes all landed keeps 1 MiB for its next write, not
@@ -308,6 +310,12 @@ export class Volume implements BlockBackend {
    * put as the pieces the writes brought. Undefined for a remote store.
    */
   private readonly local: LocalObjects | undefined;
+  /**
+   * A local store's reads are a pread and a check on this thread: 16 at a time per
+   * connection keep it busy (nbdkit's default thread count), where 64 (nbdcopy's queue) held
+   * 64 reply buffers each (BlockBackend.maxConcurrentReads).
+   */
+  get maxConcurrentReads(): number | undefined { return this.local ? LOCAL_READS_AT_ONCE : undefined; }
   private readonly world: World;
   private readonly blockCache: BlockCache;
   private readonly log: Logger;

@@ -180,6 +180,65 @@ test('eight concurrent CACHE requests of 64 MiB with the in-flight bound at 1 Mi
   t.true((await vol.read(0, 8 * MiB)).equals(Buffer.alloc(8 * MiB, 0x5a)));
 });
 
+// ================================================================== READs at once (BlockBackend.maxConcurrentReads)
+
+test('a backend with maxConcurrentReads: 64 READs sent at once, never more executing than that, every reply right; READs still held when the client vanishes do not keep the server from closing', async (t) => {
+  const mem = new MemoryBackend(8 * MiB);
+  const data = Buffer.alloc(8 * MiB);
+  for (let i = 0; i < data.length; i += 4) data.writeUInt32LE((i * 2654435761) >>> 0, i);
+  await mem.write(0, data);
+  let executing = 0;
+  let maxExecuting = 0;
+  const backend: BlockBackend = {
+    size: mem.size,
+    readOnly: false,
+    maxConcurrentReads: 3,
+    read: async (o, l, into) => {
+      executing++;
+      maxExecuting = Math.max(maxExecuting, executing);
+      try {
+        await sleep(1); // across a turn of the event loop, as a read that waits would be
+        return await mem.read(o, l, into);
+      } finally {
+        executing--;
+      }
+    },
+    write: (o, d) => mem.write(o, d),
+    flush: () => mem.flush(),
+    trim: (o, l) => mem.trim(o, l),
+    zero: (o, l, z) => mem.zero(o, l, z),
+    blockStatus: (o, l, m) => mem.blockStatus(o, l, m),
+    cache: () => mem.cache(),
+  };
+  const { server, sock } = await startServer(t, new Provider(backend));
+  const c = await connect(t, sock);
+  await c.handshakeGo('disk');
+  const len = 128 * KiB;
+  const frames = Array.from({ length: 64 }, (_, i) => requestFrame({ type: CMD.READ, cookie: BigInt(i), offset: BigInt(i * len), length: len }));
+  await c.write(Buffer.concat(frames)); // one write: the server sees all 64 at once
+  const seen = new Set<bigint>();
+  for (let i = 0; i < 64; i++) {
+    const r = await c.simpleReply(30_000);
+    t.is(r.error, ERRNO.OK);
+    const got = await c.read(len);
+    const at = Number(r.cookie) * len;
+    t.true(got.equals(data.subarray(at, at + len)), `READ ${r.cookie}: the bytes at ${at}`);
+    seen.add(r.cookie);
+  }
+  t.is(seen.size, 64, 'every READ answered once');
+  t.true(maxExecuting <= 3, `${maxExecuting} READs executing at once, limit 3`);
+  t.true(maxExecuting > 1, 'READs still ran side by side');
+  // Again, and the client goes after two replies: the held READs are dispatched into a closed
+  // connection and release their slots, so the server closes.
+  const c2 = await connect(t, sock);
+  await c2.handshakeGo('disk');
+  await c2.write(Buffer.concat(frames));
+  await c2.simpleReply(30_000);
+  c2.destroy();
+  const closed = await Promise.race([server.close().then(() => true), sleep(10_000).then(() => false)]);
+  t.true(closed, 'the server closed with READs held for a vanished client');
+});
+
 // ================================================================== 9.8: --max-connections
 
 test('a connection past maxConnections is refused with ERR_SHUTDOWN and a message; the others keep working', async (t) => {
