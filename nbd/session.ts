@@ -133,9 +133,10 @@ export class NbdSession {
   private shuttingDown = false;
   private corked = false;
   private closed = false;
-  /** READs dispatched whose reply is not yet written, and those waiting for backend.maxConcurrentReads (FIFO). */
+  /** READs dispatched whose reply is not yet written. */
   private readsExecuting = 0;
-  private readonly heldReads: { backend: BlockBackend; ctx: ValidationContext; req: codec.Request }[] = [];
+  /** READs waiting for one of those to end (backend.maxConcurrentReads), in arrival order. */
+  private readonly heldReads: codec.Request[] = [];
 
   constructor(sock: Duplex, provider: ExportProvider, private readonly opts: SessionOptions) {
     this.sock = sock;
@@ -525,7 +526,7 @@ export class NbdSession {
       if (!lent) {
         const limit = backend.maxConcurrentReads;
         if (req.type === C.NBD_CMD_READ && limit !== undefined && (this.heldReads.length > 0 || this.readsExecuting >= limit)) {
-          this.heldReads.push({ backend, ctx, req }); // its slot is held: a READ done dispatches it (dispatch)
+          this.heldReads.push(req); // its slot is held: a READ done dispatches it (dispatch)
         } else {
           this.dispatch(backend, ctx, req, payload);
         }
@@ -591,10 +592,8 @@ export class NbdSession {
         this.readsExecuting--;
         this.releaseSlot(slotBytes);
         const limit = backend.maxConcurrentReads ?? Infinity;
-        while (this.heldReads.length > 0 && this.readsExecuting < limit) {
-          const r = this.heldReads.shift()!;
-          this.dispatch(r.backend, r.ctx, r.req, undefined);
-        }
+        // One session, one export: the held READs are for this backend and context.
+        while (this.heldReads.length > 0 && this.readsExecuting < limit) this.dispatch(backend, ctx, this.heldReads.shift()!, undefined);
       };
     }
     const stats = this.stats;

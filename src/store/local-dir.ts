@@ -36,9 +36,8 @@
  * - Files are immutable once named: a reader's open fd sees one whole version.
  * - delete removes emptied directories; a put racing with that rmdir sees ENOENT and retries.
  */
-import { strict as assert } from 'node:assert';
 import { randomBytes } from 'node:crypto';
-import { close as fsClose, constants as fsc, fstat as fsFstat, open as fsOpen, read as fsRead, readFileSync, readSync, readvSync, stat as fsStat, type Dirent, type Stats } from 'node:fs';
+import { close as fsClose, constants as fsc, fstat as fsFstat, open as fsOpen, read as fsRead, readFileSync, readvSync, stat as fsStat, type Dirent, type Stats } from 'node:fs';
 import { link, mkdir, open, readdir, rename, rmdir, stat, unlink, type FileHandle } from 'node:fs/promises';
 import { dirname, join, resolve } from 'node:path';
 import {
@@ -187,16 +186,6 @@ const IDLE_FD_MS = 5_000;
 
 /** The smallest view buffer (#view): a framed read of 256 KiB spans a little more. */
 const VIEW_SCRATCH_MIN = 1024 * 1024 + 64 * 1024;
-
-/** pread exactly `length` bytes at `position` into out[outOff..], or CorruptError at the file's end. */
-function preadFully(fd: number, key: string, out: Buffer, outOff: number, length: number, position: number): void {
-  let done = 0;
-  while (done < length) {
-    const n = readSync(fd, out, outOff + done, length - done, position + done);
-    if (n === 0) throw new CorruptError(`get ${key}: file ended early (wanted ${length} bytes at ${position - LOCAL_HEADER_SIZE})`);
-    done += n;
-  }
-}
 
 /** preadv exactly the parts' bytes at `position` (a short read goes on where it stopped), or CorruptError at the file's end. */
 function preadvFully(fd: number, key: string, parts: readonly Buffer[], position: number): void {
@@ -437,7 +426,7 @@ export class LocalDirObjectStore implements ObjectStore {
   }
 
   async #readInPlace(key: string, offset: number, length: number, out: Buffer, outOff: number): Promise<void> {
-    await this.#withFile(key, offset, length, (fd) => preadFully(fd, key, out, outOff, length, LOCAL_HEADER_SIZE + offset));
+    await this.#withFile(key, offset, length, (fd) => preadvFully(fd, key, [out.subarray(outOff, outOff + length)], LOCAL_HEADER_SIZE + offset));
   }
 
   /**
@@ -450,28 +439,27 @@ export class LocalDirObjectStore implements ObjectStore {
    * on as it is, not counted as a failed read.
    */
   async #view<T>(key: string, offset: number, length: number, use: (bytes: Buffer) => T): Promise<T> {
-    let outcome: { ok: true; value: T } | { ok: false; err: unknown } | undefined;
-    await this.#withFile(key, offset, length, (fd) => {
+    const outcome = await this.#withFile(key, offset, length, (fd): { ok: true; value: T } | { ok: false; err: unknown } => {
       if (this.#viewScratch.length < length) this.#viewScratch = Buffer.allocUnsafe(Math.max(length, VIEW_SCRATCH_MIN));
       const bytes = this.#viewScratch.subarray(0, length);
-      preadFully(fd, key, bytes, 0, length, LOCAL_HEADER_SIZE + offset);
+      preadvFully(fd, key, [bytes], LOCAL_HEADER_SIZE + offset);
       try {
-        outcome = { ok: true, value: use(bytes) };
+        return { ok: true, value: use(bytes) };
       } catch (err) {
-        outcome = { ok: false, err };
+        return { ok: false, err };
       }
     });
-    assert(outcome !== undefined, 'a view that read calls use');
     if (!outcome.ok) throw outcome.err;
     return outcome.value;
   }
 
   /**
    * Runs `readFn` on the open file of `key` (opened and kept open on first use) for a read of
-   * [offset, offset + length), counting it; readFn is synchronous and runs after the last
-   * await here, so #view's use runs in the same synchronous run as its read.
+   * [offset, offset + length), counting it, and resolves to what it returned; readFn is
+   * synchronous and runs after the last await here, so #view's use runs in the same
+   * synchronous run as its read.
    */
-  async #withFile(key: string, offset: number, length: number, readFn: (fd: number) => void): Promise<void> {
+  async #withFile<T>(key: string, offset: number, length: number, readFn: (fd: number) => T): Promise<T> {
     validateRange({ offset, length });
     let f = this.#open.get(key);
     const opening = !f;
@@ -499,9 +487,10 @@ export class LocalDirObjectStore implements ObjectStore {
       // in the page cache, where a pread costs microseconds and a trip through libuv's
       // thread pool (4 threads) costs tens: at 32 reads in flight the pool was a quarter of
       // the speed. A read of cold data blocks the event loop for one disk read.
-      readFn(opened.fh.fd);
+      const result = readFn(opened.fh.fd);
       this.#reads.ok++;
       this.#reads.bytes += length;
+      return result;
     } catch (err) {
       const e = this.#ioError('get', key, err);
       if (e instanceof NotFoundError) this.#reads.notFound++;

@@ -471,10 +471,10 @@ export function copyFromFrames(objectKey: string, idx: FrameIndex, stored: Buffe
  * A read of logical bytes [off, off+len) whose frames can be read straight into `out`: every
  * frame of the span lies wholly inside the range and is stored raw-sized (its header and its
  * logical bytes: what a raw plaintext frame is). `parts` is the scatter list for the span's
- * stored bytes, each frame's header into `headers` and its payload into its place in `out`;
+ * stored bytes, each frame's header into a buffer of its own and its payload into its place in `out`;
  * null when the span is not like that (then the frames are read and decoded elsewhere first).
  */
-export interface DirectRead { parts: Buffer[]; headers: Buffer; first: number; last: number }
+export interface DirectRead { parts: Buffer[]; first: number; last: number }
 
 export function planDirectRead(idx: FrameIndex, off: number, len: number, out: Buffer, outOff: number): DirectRead | null {
   const { first, last } = idx.span(off, len);
@@ -490,7 +490,7 @@ export function planDirectRead(idx: FrameIndex, off: number, len: number, out: B
     const at = outOff + (i * F - off);
     parts.push(headers.subarray(h, h + FRAME_HEADER), out.subarray(at, at + Math.min(F, idx.logical - i * F)));
   }
-  return { parts, headers, first, last };
+  return { parts, first, last };
 }
 
 /**
