@@ -63,24 +63,33 @@ export class ListingIndex {
 
   has(key: string): boolean { return this.byKey.has(key); }
 
-  /**
-   * Does this listing hold exactly what `l` got: the same keys under its prefix, after its
-   * StartAfter and up to its end, with the same etags? (An etag missing here never matches.)
-   */
-  sameAs(l: ListInput): boolean {
-    const from = l.after !== null && compareKeys(l.after, l.prefix) > 0 ? l.after : l.prefix;
+  /** The object as this listing shows it (undefined: not listed). */
+  info(key: string): ObjectInfo | undefined { return this.byKey.get(key); }
+
+  /** What a listing of `prefix` after `after` (exclusive) up to `end` (inclusive) returned, in key order. */
+  *range(prefix: string, after: string | null, end: string | null): Generator<ObjectInfo> {
+    const from = after !== null && compareKeys(after, prefix) > 0 ? after : prefix;
     let lo = 0;
     let hi = this.sorted.length;
     while (lo < hi) {
       const mid = (lo + hi) >>> 1;
       if (compareKeys(this.sorted[mid]!.key, from) < 0) lo = mid + 1; else hi = mid;
     }
-    let i = lo;
-    if (l.after !== null && i < this.sorted.length && this.sorted[i]!.key === l.after) i++;
-    let n = 0;
-    for (; i < this.sorted.length; i++) {
+    for (let i = lo; i < this.sorted.length; i++) {
       const o = this.sorted[i]!;
-      if (!o.key.startsWith(l.prefix) || (l.end !== null && compareKeys(o.key, l.end) > 0)) break;
+      if (after !== null && o.key === after) continue;
+      if (!o.key.startsWith(prefix) || (end !== null && compareKeys(o.key, end) > 0)) return;
+      yield o;
+    }
+  }
+
+  /**
+   * Does this listing hold exactly what `l` got: the same keys under its prefix, after its
+   * StartAfter and up to its end, with the same etags? (An etag missing here never matches.)
+   */
+  sameAs(l: ListInput): boolean {
+    let n = 0;
+    for (const o of this.range(l.prefix, l.after, l.end)) {
       const want = l.keys[n];
       if (want === undefined || want[0] !== o.key || o.etag === undefined || want[1] !== o.etag) return false;
       n++;

@@ -27,14 +27,12 @@
  * 1. A map recovered from the store at S2: X is not in run 2's R, which is exactly such a map
  *    for every record listed at S2.
  * 2. A record created while run 2 computed (a fork or snapshot in creation): its map is its
- *    source's map at the fork point P, and it lands within M/2 of reading P (slower attempts
- *    are undone, waited out so that none of their requests lands later, and made again:
- *    catalog.ts landRecord, abandon). If P came after run 2 loaded the source, the source's map
- *    at P names no old object the loaded map did not (maps gain references only through
- *    commits, which name new objects, and forks). If P came before, the record landed
- *    within M/2 of that load, and run 2 lists the records again M/2 after its last load and
- *    computes the new ones, until nothing new appears: it is in R. Run 1 did the same, so
- *    from W1 on no map, existing or in creation, names X.
+ *    source's map at the fork point P, and it lands within M/2 of the start of the attempt
+ *    that read P (slower attempts are undone, waited out so that none of their requests
+ *    lands later, and made again: catalog.ts landRecord, abandon). Run 2 computes its
+ *    source's map as of its `vol/` listing, or loads it live; either way the fork is found
+ *    or names nothing the source's computed map does not: "One listing of the records"
+ *    below. Run 1 did the same, so from W1 on no map, existing or in creation, names X.
  * 3. A commit in flight: its segments are uploaded before the record that names them, and
  *    they are named for the position that record will take (seg/<seq>-...). GC lists the
  *    store before it loads the maps: a segment whose record was in that listing is in the
@@ -101,15 +99,54 @@
  *   written once by the attempt that drew it): only its presence is compared.
  * - Bounds: an ancestor's listings stop at the fork point (endAt), which is all recovery
  *   uses, so a fork or snapshot whose parent goes on being written keeps its contribution.
- * - When: the state is matched against this run's `vol/` listing, which is taken before
- *   anything else (as before), so a reused contribution is the map of its record at that
- *   listing. Cases 1-6 hold for it as for a map loaded then: commits after the listing name
- *   only objects not in it (not candidates) or segments for positions after its newest log
- *   record (kept); forks in creation are found by the fixed point, whose wait starts after
- *   every load of round 0, the listing included. Records of later rounds are always computed.
+ * - When: the state is matched against this run's `vol/` listing, so a reused contribution
+ *   is its record's map as of that listing, as a recovery through ListedView computes it;
+ *   why that is enough is the next section. Records of later rounds are always loaded live.
  * A state that cannot be read, or was written for another GC_STATE_VERSION, is ignored (the
  * run computes every record, as without it); nothing in it is ever trusted without the match
  * above. Saving it is a plain put after R was computed; a run that fails writes none.
+ *
+ * ## One listing of the records (maps as of the `vol/` listing)
+ * The run lists `vol/` first; the listing ends at L. It lists `volumes/` once, at
+ * T1 >= L + M/2 (fixedPointWaitMs), and computes each record listed there *as of the
+ * listing*: reused from the state (above), or recovered through ListedView, whose listings
+ * are the run's listing and whose GETs fail unless they returned the listed version. Only a
+ * record whose meta is in the listing is computed so. One whose meta is not (made after the
+ * listing began: as of the listing it did not exist), or whose computation through the
+ * listing fails (an object it needs was deleted or replaced since), is loaded live; after any
+ * live load the records are listed again M/2 after the last live load, and new ones are
+ * loaded live, until a listing brings nothing new (the fixed point). So a run that loads
+ * nothing live lists the records once.
+ * Why the maps as of the listing are enough. Write map_L(S) for S's map recovered from the
+ * listing: its newest listed checkpoint and its log records listed after it, which the chain
+ * makes S's map at its newest listed log position n_L.
+ * (a) S's live map at any time after L names only objects map_L(S) names, objects the
+ *     listing does not hold, or segments for positions after n_L. S's log grows one position
+ *     at a time and a record is create-only; records after n_L were put after S's log was
+ *     listed, and they name only new objects (inline data in themselves; segments for their
+ *     own positions, uploaded before them: listed or not, case 3 keeps every listed segment
+ *     of a writable id for a position after its newest listed record). Maps gain references
+ *     only through commits, which name new objects, and forks. Objects the listing does not
+ *     hold are never candidates of this run.
+ * (b) A fork or snapshot F of S whose attempt started at a < L lands before L + M/2 <= T1
+ *     (or is undone): it is in the listing of the records and is computed, as of the listing
+ *     if its meta is listed (its map is S's at the fork point, read from listed keys), else
+ *     live.
+ * (c) F whose attempt started at a >= L read S's map after L: by (a) it names nothing that is
+ *     a candidate and not in map_L(S). If S's record is listed at T1, map_L(S) is in R (or S
+ *     was loaded live at L_S: then F with a < L_S lands before L_S + M/2, which the next
+ *     round's listing finds; F with a >= L_S names only what S's live map names or new
+ *     objects, as in the fixed point before). If S was removed before T1, F landed after T1
+ *     (it is not listed), so F's confirmSource (catalog.ts), which reads S's record after F
+ *     landed, finds it gone and undoes F: it is never acknowledged and no volume maps it.
+ * (d) A map a host recovers, or a writer holds, at any time after L is covered by (a). Maps
+ *     computed as of the listing are therefore never less than the live loads after L that
+ *     runs made before this change (what those kept among the candidates, these keep).
+ * (e) A record made again under a name after the listing has a new id whose meta is not
+ *     listed: loaded live. A record whose meta is listed but whose name landed after L is a
+ *     create (an empty map; its records are new objects) or a fork with a < L (in (b)).
+ * Case 6 is unchanged: the run's clock is taken before the listing, and the records are
+ * listed after it.
  *
  * Not covered: a host still serving a volume (read-only) after `baton rm` removed it reads
  * objects GC may delete; removing a volume is the user's decision that nobody needs it.
@@ -148,6 +185,10 @@ export interface GcResult {
   records: number;
   /** Of those, records unchanged since the previous run, whose contribution was reused (nothing of theirs read). */
   reusedRecords: number;
+  /** Of those, records whose maps had to be loaded live (made after the `vol/` listing, or changed under it); 0 means one listing of the records. */
+  liveRecords: number;
+  /** Listings of `volumes/` the run made: 1, plus one per fixed-point round after live loads. */
+  recordListings: number;
   /** Everything under vol/ when the run listed it. */
   objects: number;
   storedBytes: number;
@@ -227,6 +268,51 @@ class ReadTrackingStore implements ObjectStore {
   }
 }
 
+/** A read through ListedView found the store no longer as its listing showed it. */
+class ListingOutdated extends Error {}
+
+/**
+ * The store as this run's `vol/` listing showed it: listings are answered from that listing
+ * (with its etags), and a GET returns the version the listing named or fails. A record
+ * recovered through it gets its map as of the listing (see "One listing of the records"):
+ * - a key the listing does not hold is NotFound (it did not exist then, for this run);
+ * - a listed key is read from the store, then HEADed: the bytes read are the listed version
+ *   iff the HEAD still shows the listed etag (a version once gone never comes back with its
+ *   etag, "Reusing a record's contribution", so the key held that version from the listing to
+ *   the HEAD, the GET included). A meta's bytes are fixed by its key: no HEAD. A listed key
+ *   gone, or with another etag, is ListingOutdated: the caller computes the record live.
+ */
+class ListedView implements ObjectStore {
+  constructor(private readonly inner: ObjectStore, private readonly listing: ListingIndex) {}
+  get description(): string { return this.inner.description; }
+  async get(key: string, range?: ByteRange): Promise<Buffer> {
+    const listed = this.listing.info(key);
+    if (listed === undefined) throw new NotFoundError(`${key} is not in this run's listing`);
+    let body: Buffer;
+    try {
+      body = await this.inner.get(key, range);
+    } catch (err) {
+      if (err instanceof NotFoundError) throw new ListingOutdated(`${key} was deleted after the listing`);
+      throw err;
+    }
+    if (!isMetaKey(key)) {
+      const now = await this.inner.head(key);
+      if (listed.etag === undefined || now?.etag !== listed.etag) throw new ListingOutdated(`${key} changed after the listing`);
+    }
+    return body;
+  }
+  head(key: string): Promise<ObjectHead | null> {
+    // Recovery never heads (ReadTrackingStore): not answerable as of the listing.
+    return Promise.reject(new ListingOutdated(`head ${key}`));
+  }
+  async *list(prefix: string, options?: ListOptions): AsyncIterable<ObjectInfo> {
+    yield* this.listing.range(prefix, options?.startAfter ?? null, options?.endAt ?? null);
+  }
+  put(): Promise<void> { return Promise.reject(new Error('GC views never write')); }
+  delete(): Promise<void> { return Promise.reject(new Error('GC views never delete')); }
+  close(): Promise<void> { return Promise.resolve(); }
+}
+
 function isMetaKey(key: string): boolean {
   return /^vol\/[^/]+\/meta$/.test(key);
 }
@@ -269,53 +355,56 @@ interface ReferenceSet {
   /** Every record's contribution that a later run may reuse (see "Reusing a record's contribution"). */
   contributions: Contribution[];
   reused: number;
+  /** Records whose maps were loaded live (made after the listing, or not computable as of it): each makes the run list the records again. */
+  live: number;
+  /** Listings of `volumes/` this run made (1 when nothing was loaded live). */
+  recordListings: number;
 }
 
 /**
- * The reference set R: every key a live map or its recovery needs. A fork or snapshot in
- * creation read its source's map at some point P and lands its record within M/2; if P came
- * before GC loaded the source, the source may have dropped objects the new record needs, so
- * GC lists the records again M/2 after its last load and computes any new ones, until a
- * listing brings nothing new (a fixed point). In the first round, a record whose inputs are
- * unchanged in `listing` (this run's `vol/` listing, taken before) takes its contribution
- * from the previous run instead of being recovered (gc.ts header).
+ * The reference set R: every key a live map or its recovery needs ("One listing of the
+ * records" in the header). `listing` is this run's `vol/` listing, which ended at
+ * `listedAt` (world.now()); the records are listed `fixedPointWaitMs` after that, and each is
+ * computed as of the listing: from the previous run's state when its inputs are unchanged,
+ * else recovered through the listing (ListedView). Only a record that cannot be computed so
+ * (its meta is not in the listing, or the store changed under it) is loaded live, and then the
+ * records are listed again `fixedPointWaitMs` after the last live load, until a listing brings
+ * nothing new (the fixed point).
  */
-async function referenceSet(catalog: StoreCatalog, maxOpMs: number, log: Logger | undefined, world: World, listing: ListingIndex, previous: Map<string, Contribution> | null): Promise<ReferenceSet> {
+async function referenceSet(catalog: StoreCatalog, maxOpMs: number, log: Logger | undefined, world: World, listing: ListingIndex, listedAt: number, previous: Promise<Map<string, Contribution> | null>): Promise<ReferenceSet> {
   const bounds = timeBounds(maxOpMs);
   const writableIds = new Set<string>();
   const store = catalog.store;
+  const asListed = new ListedView(store, listing);
   const refs = new Set<string>();
   const contributions: Contribution[] = [];
   let reused = 0;
-  const metas = new Map<string, VolumeRecord | null>();
-  const metaOf = async (id: string): Promise<VolumeRecord | null> => {
-    if (!metas.has(id)) {
+  let live = 0;
+  let lastLiveLoad = -Infinity;
+  // A meta's bytes are fixed by its key; whether it is there depends on when we look.
+  const metas = new Map<ObjectStore, Map<string, VolumeRecord | null>>();
+  const metaOf = async (via: ObjectStore, id: string): Promise<VolumeRecord | null> => {
+    let seen = metas.get(via);
+    if (!seen) metas.set(via, seen = new Map());
+    if (!seen.has(id)) {
       const key = keys.meta(id);
-      metas.set(id, await store.get(key).then((b) => decodeVolumeRecord(b, key), (err) => {
+      seen.set(id, await via.get(key).then((b) => decodeVolumeRecord(b, key), (err) => {
         if (err instanceof NotFoundError) return null;
         throw err;
       }));
     }
-    return metas.get(id)!;
+    return seen.get(id)!;
   };
-  const computed = new Set<string>();
-  const addRecord = async ({ rec, etag }: ListedRecord, mayReuse: boolean): Promise<void> => {
-    if (!rec.snapshot) writableIds.add(rec.id);
-    const prev = mayReuse && etag !== null ? previous?.get(rec.name) : undefined;
-    if (prev !== undefined && prev.etag === etag && listing.unchanged(prev)) {
-      for (const k of prev.refs) refs.add(k);
-      contributions.push(prev);
-      reused++;
-      return;
-    }
-    const tracking = new ReadTrackingStore(store);
+  /** The record's contribution through `via` (the store as listed, or live); null if it was removed meanwhile. */
+  const compute = async (rec: VolumeRecord, etag: string | null, via: ObjectStore): Promise<Set<string> | null> => {
+    const tracking = new ReadTrackingStore(via);
     let view;
     try {
       view = await catalog.openView(rec, tracking, true);
     } catch (err) {
       // Removed while we looked (rm deletes the record first): nobody needs its map.
-      if (err instanceof NotFoundError && !(await store.head(keys.volumeRecord(rec.name)))) return;
-      throw new Error(`cannot compute what ${rec.name} needs (${errorMessage(err)}); nothing was deleted`);
+      if (via === store && err instanceof NotFoundError && !(await store.head(keys.volumeRecord(rec.name)))) return null;
+      throw err;
     }
     const mine = new Set<string>(tracking.read);
     await view.forEachCommitted((e) => { if (e.key !== null) mine.add(e.key); });
@@ -326,29 +415,69 @@ async function referenceSet(catalog: StoreCatalog, maxOpMs: number, log: Logger 
     let p = rec.parent?.id;
     for (let depth = 0; p && depth < 10_000; depth++) {
       mine.add(keys.meta(p));
-      const m = await metaOf(p);
+      const m = await metaOf(via, p);
       walked.set(keys.meta(p), m !== null);
       p = m?.parent?.id;
     }
-    for (const k of mine) refs.add(k);
     if (etag !== null && tracking.coversReads()) {
       contributions.push({ name: rec.name, etag, record: rec, lists: tracking.lists, metas: [...walked], refs: [...mine] });
     }
+    return mine;
+  };
+  const computed = new Set<string>();
+  const addRecord = async ({ rec, etag }: ListedRecord, round: number, prior: Map<string, Contribution> | null): Promise<void> => {
+    if (!rec.snapshot) writableIds.add(rec.id);
+    // As of the listing only in the first round, and only for a record whose meta the listing holds.
+    const asOfListing = round === 0 && listing.has(keys.meta(rec.id));
+    const prev = asOfListing && etag !== null ? prior?.get(rec.name) : undefined;
+    if (prev !== undefined && prev.etag === etag && listing.unchanged(prev)) {
+      for (const k of prev.refs) refs.add(k);
+      contributions.push(prev);
+      reused++;
+      return;
+    }
+    let mine: Set<string> | null = null;
+    if (asOfListing) {
+      mine = await compute(rec, etag, asListed).catch((err: unknown) => {
+        log?.debug({ volume: rec.name, err: errorMessage(err) }, 'gc: not computable as of the listing; loading it live');
+        return null;
+      });
+    }
+    if (mine === null) {
+      live++;
+      try {
+        mine = await compute(rec, etag, store);
+      } catch (err) {
+        throw new Error(`cannot compute what ${rec.name} needs (${errorMessage(err)}); nothing was deleted`);
+      } finally {
+        lastLiveLoad = world.now();
+      }
+      if (mine === null) return;
+    }
+    for (const k of mine) refs.add(k);
     log?.debug({ volume: rec.name, refs: refs.size }, 'gc: map computed');
   };
+  const waitUntil = async (t: number): Promise<void> => {
+    const ms = t - world.now();
+    if (ms <= 0) return;
+    log?.info({ waitMs: Math.round(ms) }, 'gc: waiting for forks and snapshots in creation');
+    await new Promise<void>((r) => { world.setTimeout(r, ms); });
+  };
+  let recordListings = 0;
   for (let round = 0; ; round++) {
-    if (round > 0) {
-      log?.info({ waitMs: Math.round(bounds.fixedPointWaitMs) }, 'gc: waiting for forks and snapshots in creation');
-      await new Promise<void>((r) => { world.setTimeout(r, bounds.fixedPointWaitMs); });
-    }
-    const fresh = (await listRecords(store, previous)).filter((r) => !computed.has(r.rec.id));
-    if (fresh.length === 0 && round > 0) break;
+    // Round 0 lists the records fixedPointWaitMs after the vol/ listing ended; later rounds,
+    // that long after the last live load.
+    await waitUntil((round === 0 ? listedAt : lastLiveLoad) + bounds.fixedPointWaitMs);
+    const prior = await previous;
+    recordListings++;
+    const fresh = (await listRecords(store, prior)).filter((r) => !computed.has(r.rec.id));
+    if (round > 0 && fresh.length === 0) break;
     if (round >= 20) throw new Error('records keep appearing (forks created non-stop?); try again later; nothing was deleted');
     for (const r of fresh) computed.add(r.rec.id);
-    // Reuse only against the listing taken before this round's records were listed (round 0).
-    await mapLimit(fresh, 4, (r) => addRecord(r, round === 0));
+    await mapLimit(fresh, 4, (r) => addRecord(r, round, prior));
+    if (live === 0) break; // every map is as of the listing: no later listing can add a need (header)
   }
-  return { refs, records: computed.size, writableIds, contributions, reused };
+  return { refs, records: computed.size, writableIds, contributions, reused, live, recordListings };
 }
 
 /** The previous run's contributions, or null (none, another version's, or unreadable: then everything is computed). */
@@ -391,10 +520,11 @@ export async function collectGarbage(catalog: StoreCatalog, opts: GcOptions = {}
   // then in the maps, and what lands after it is not in the listing, so not a candidate.
   // With etags: the listing is also what a reused contribution is checked against.
   const objects = await listAll(store, 'vol/', { etags: true });
-  const t0 = world.now();
-  const previous = await loadState(store, world, log);
-  const { refs, records, writableIds, contributions, reused } = await referenceSet(catalog, m, log, world, new ListingIndex(objects), previous);
-  log?.info({ records, reused, referenced: refs.size, ms: Math.round(world.now() - t0) }, 'gc: reference set computed');
+  const t0 = world.now(); // the listing has ended
+  const previous = loadState(store, world, log); // while referenceSet waits
+  previous.catch(() => { /* awaited in referenceSet */ });
+  const { refs, records, writableIds, contributions, reused, live, recordListings } = await referenceSet(catalog, m, log, world, new ListingIndex(objects), t0, previous);
+  log?.info({ records, reused, live, recordListings, referenced: refs.size, ms: Math.round(world.now() - t0) }, 'gc: reference set computed');
   if (!dryRun) {
     // A cache for the next run: failing to write it costs that run time, never safety.
     await encodeGcState(contributions, () => world.yield())
@@ -417,7 +547,7 @@ export async function collectGarbage(catalog: StoreCatalog, opts: GcOptions = {}
   }
 
   const result: GcResult = {
-    dryRun, graceMs, records, reusedRecords: reused, objects: objects.length, storedBytes: 0, referencedObjects: 0, referencedBytes: 0,
+    dryRun, graceMs, records, reusedRecords: reused, liveRecords: live, recordListings, objects: objects.length, storedBytes: 0, referencedObjects: 0, referencedBytes: 0,
     markedObjects: 0, markedBytes: 0, deletedObjects: 0, deletedBytes: 0, youngUnreferenced: 0, awaitingMarkAge: 0, failedDeletes: 0,
   };
   const candidates = new Map<string, number>();

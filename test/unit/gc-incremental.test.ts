@@ -6,6 +6,7 @@
  */
 import test from 'ava';
 import { BlockCache } from '../../src/cache.js';
+import { systemWorld, type World } from '../../src/clock.js';
 import { silentLogger } from '../../src/log.js';
 import { MemoryObjectStore } from '../../src/store/memory.js';
 import { listAll, type ByteRange, type ListOptions, type ObjectHead, type ObjectInfo, type ObjectStore, type PutOptions } from '../../src/store/object-store.js';
@@ -44,10 +45,20 @@ function setup() {
     return v;
   };
   const advance = (ms: number): void => { now += ms; };
-  /** One run; the requests it made. */
-  const gc = async (o: { dryRun?: boolean } = {}): Promise<{ r: GcResult; requests: string[] }> => {
+  /** One run; the requests it made. `duringWait` runs once, when the run starts its first wait (after its `vol/` listing). */
+  const gc = async (o: { dryRun?: boolean; duringWait?: () => Promise<void> } = {}): Promise<{ r: GcResult; requests: string[] }> => {
     const from = store.requests.length;
-    const r = await collectGarbage(catalog, { graceMs: G, maxOperationMs: M, ...o });
+    let hook = o.duringWait;
+    const world: World = {
+      ...systemWorld,
+      setTimeout: (fn, ms) => {
+        const h = hook;
+        hook = undefined;
+        if (!h) return systemWorld.setTimeout(fn, ms);
+        return systemWorld.setTimeout(() => { void h().then(fn); }, 0);
+      },
+    };
+    const r = await collectGarbage(catalog, { graceMs: G, maxOperationMs: M, dryRun: o.dryRun ?? false, world });
     return { r, requests: store.requests.slice(from) };
   };
   return { memory, store, catalog, open, advance, gc };
@@ -91,6 +102,10 @@ test('a run after no change reads no record, map, checkpoint or log of any volum
   // What is left: the store-wide listings, the clock, the state, the marks.
   const lists = second.requests.filter((q) => q.startsWith('list '));
   t.deepEqual([...new Set(lists)].sort(), ['list gc/marks/', 'list vol/', 'list volumes/']);
+  // One listing of the records per run, reused or not (gc.ts "One listing of the records").
+  t.is(first.requests.filter((q) => q === 'list volumes/').length, 1, 'the first run lists the records once');
+  t.is(second.requests.filter((q) => q === 'list volumes/').length, 1, 'so does the second');
+  t.deepEqual([first.r.liveRecords, first.r.recordListings, second.r.liveRecords, second.r.recordListings], [0, 1, 0, 1]);
   t.deepEqual(second.requests.filter((q) => q.startsWith('get ')), [`get ${GC_STATE_KEY}`]);
   t.is(second.r.referencedObjects, first.r.referencedObjects, 'the same reference set');
 });
@@ -139,7 +154,53 @@ test('a log position re-created with other bytes (same key, new etag) makes its 
   s.advance(G + 1);
   const { r, requests } = await s.gc();
   t.is(r.reusedRecords, 0, 'not reused');
-  t.true(requests.includes(`list vol/${id}/checkpoint/`), 'recovered again');
+  // Recovered again, as of the run's listing: its listings come from that listing, and the
+  // record read is checked to be the listed version (a HEAD after the GET).
+  t.true(requests.includes(`get ${top}`) && requests.includes(`head ${top}`), 'recovered again');
+  t.is(r.liveRecords, 0, 'as of the listing');
+  t.is(r.recordListings, 1);
+  await a.close();
+});
+
+test('a volume made while the run waits is loaded live, and then the records are listed again', async (t) => {
+  const s = setup();
+  await fleet(s, 3);
+  await s.gc();
+  s.advance(G + 1);
+  const { r, requests } = await s.gc({
+    duringWait: async () => {
+      // After the vol/ listing: their metas are not in it.
+      await s.catalog.create('late', 16 * MiB);
+      await s.catalog.fork('v1', 'late-fork');
+    },
+  });
+  t.is(r.records, 7);
+  t.is(r.liveRecords, 2, 'the two new records, loaded live');
+  t.is(r.recordListings, 2, 'and the fixed point listed the records again');
+  t.is(requests.filter((q) => q === 'list volumes/').length, 2);
+  t.is(r.reusedRecords, 5, 'the others as before');
+});
+
+test('a log record replaced after the listing makes its record loaded live (the GET is checked against the listed etag)', async (t) => {
+  const s = setup();
+  await s.catalog.create('a', 16 * MiB);
+  const a = await s.open('a');
+  await a.write(0, Buffer.alloc(4096, 1), false);
+  await a.flush(); // left open: no checkpoint covers this record, so recovery reads it
+  const id = await idOf(s.catalog, 'a');
+  const logs = await listAll(s.memory, `vol/${id}/log/`);
+  const top = logs[logs.length - 1]!.key;
+  const { r, requests } = await s.gc({
+    duringWait: async () => {
+      // The same bytes under a new put: only the etag tells the version read from the one listed.
+      const body = await s.memory.get(top);
+      await s.memory.delete(top);
+      await s.memory.put(top, body);
+    },
+  });
+  t.is(r.liveRecords, 1, 'not computed as of the listing');
+  t.is(r.recordListings, 2);
+  t.true(requests.includes(`list vol/${id}/log/`), 'recovered live');
   await a.close();
 });
 
