@@ -14,7 +14,7 @@ import { accountMaps, diffMaps, type MappedExtent, type Range } from '../../cow/
 import type { Logger } from '../log.js';
 import { listAll, type ObjectStore } from '../store/object-store.js';
 import { checkExportName, checkVolumeName, checkVolumeSize, type OpenVolume, type RemoveResult, type VolumeCatalog, type VolumeInfo } from '../volumes.js';
-import { DEFAULT_DATA, dataSettings, decodeAttrsRecord, decodeVolumeRecord, encodeVolumeRecord, keys, maxOperationMs, seqFromKey, timeBounds, type AttrsRecord, type DataSettings, type VolumeRecord } from './format.js';
+import { DEFAULT_DATA, dataSettings, decodeAttrsRecord, decodeVolumeRecord, encodeVolumeRecord, forkMarkerOf, keys, maxOperationMs, seqFromKey, timeBounds, type AttrsRecord, type DataSettings, type VolumeRecord } from './format.js';
 import { GC_STATE_KEY, decodeGcState } from './gc-state.js';
 import type { HydrateOptions } from './hydrate.js';
 import { derivedEncryption, frameKeysFor, newEncryption, type MasterKey } from './keys.js';
@@ -112,7 +112,7 @@ export class StoreCatalog implements VolumeCatalog {
     const rec = await this.landRecord(name, 'create', async () => {
       const id = randomId(this.world, 8);
       const enc = opts.encrypt ? { encryption: newEncryption(master, name, id, this.world) } : {};
-      return { format: 'baton-volume-1', name, id, size, createdAt: this.world.wallTime().toISOString(), data: { ...data, ...enc }, ...(opts.expiresAt ? { expiresAt: opts.expiresAt } : {}) };
+      return { format: 'baton-volume-1', name, id, size, createdAt: this.world.wallTime().toISOString(), data: { ...data, ...enc }, ...(opts.expiresAt ? { expiresAt: opts.expiresAt } : {}), forksMarked: true };
     }, 'if it is there, it was created; if not, nothing needs cleaning up');
     return { name, size, createdAt: rec.createdAt, storedBytes: 0, kind: 'volume', ...(rec.expiresAt ? { expiresAt: rec.expiresAt } : {}) };
   }
@@ -143,6 +143,11 @@ export class StoreCatalog implements VolumeCatalog {
       const rec = await make();
       // Ids are random: nobody else writes this key, and a meta nothing names is garbage.
       let metaThere = true;
+      // A fork or snapshot marks itself under its parent's id with its meta, before its name
+      // exists (format.ts forkMarker: accounting finds descendants through it). A plain put:
+      // the key is this attempt's alone, and a marker whose name never lands is GC's.
+      const marker = rec.parent ? this.opts.store.put(keys.forkMarker(rec.parent.id, rec.id, rec.name), Buffer.alloc(0)) : null;
+      marker?.catch(() => { /* awaited below */ });
       try {
         await this.opts.store.put(keys.meta(rec.id), encodeVolumeRecord(rec), { ifNoneMatch: true });
       } catch (err) {
@@ -153,6 +158,7 @@ export class StoreCatalog implements VolumeCatalog {
         // tries). Look: a name must never be put for a meta that is not there.
         metaThere = (await this.opts.store.head(keys.meta(rec.id))) !== null;
       }
+      await marker;
       let landed = metaThere; // (a meta that went missing: undone below, its name never put)
       let uncertain = false;
       if (metaThere) {
@@ -363,6 +369,7 @@ export class StoreCatalog implements VolumeCatalog {
       ...(snapshot ? { snapshot: true, of: src.id } : {}),
         ...(src.recoverySize !== undefined && src.recoverySize > src.size ? { recoverySize: src.recoverySize } : {}),
         ...(opts.expiresAt ? { expiresAt: opts.expiresAt } : {}),
+        forksMarked: true as const,
       };
     },
     // A record that may land after we gave up could land later than GC allows (landRecord).
@@ -910,25 +917,73 @@ export class StoreCatalog implements VolumeCatalog {
    * records whose ancestry shares an id with its own (itself included). That is exact, not an
    * estimate: a map names only objects of the ids in its own ancestry (forks inherit them,
    * compaction rewrites only a volume's own), so any map sharing an object with this one
-   * shares that object's id with it. Parent links point up, so finding the relatives takes
-   * every record: one listing, and the records GC's state does not already hold
-   * (allRecordsKnown); ancestors are followed through the records, and through metas only
-   * where a record is gone. Only the relatives' maps are loaded.
+   * shares that object's id with it, and the relatives are the descendants of its root
+   * ancestor. Parent links point up; fork markers (format.ts keys.forkMarker) point down:
+   * when the root was made by a baton that marks forks (`forksMarked`), the relatives are
+   * found from the root through the markers (a listing per relative, and its record), and
+   * nothing of an unrelated volume is read. A family whose root predates the markers is
+   * found through every record (one listing, and the records GC's state does not hold:
+   * allRecordsKnown). Only the relatives' maps are loaded.
    */
   async infoWithAccounting(name: string): Promise<StoreVolumeInfo> {
     const rec = await this.rawRecord(name);
+    const metas = new Map<string, Promise<VolumeRecord | null>>([[rec.id, Promise.resolve(rec)]]);
+    const line = await this.lineage(rec, metas);
+    const root = await metas.get(line[line.length - 1]!);
+    const family = root?.forksMarked && root.parent === undefined
+      ? await this.familyByMarkers(rec, line, metas)
+      : await this.familyByRecords(rec, metas);
+    const maps = new Map<string, MappedExtent[]>();
+    await mapLimit(family, 4, async (r) => { maps.set(r.name, await this.mappedExtents(r)); });
+    const acc = accountMaps(maps).get(rec.name);
+    // The volume a snapshot is of is its parent, among its relatives: no second GET when there.
+    const info = await this.describe(rec, rec.snapshot
+      ? family.find((r) => r.name === volumeNameOf(name)) ?? await this.recordOrNull(volumeNameOf(name))
+      : null);
+    return { ...info, ...acc };
+  }
+
+  /** `rec`'s relatives through every record (families made before fork markers). */
+  private async familyByRecords(rec: VolumeRecord, metas: Map<string, Promise<VolumeRecord | null>>): Promise<VolumeRecord[]> {
     const recs = await this.allRecordsKnown();
-    const metas = new Map<string, Promise<VolumeRecord | null>>(recs.map((r) => [r.id, Promise.resolve(r)]));
+    for (const r of recs) if (!metas.has(r.id)) metas.set(r.id, Promise.resolve(r));
     const mine = new Set(await this.lineage(rec, metas));
     const family = (await mapLimit(recs, 8, async (r) => ((await this.lineage(r, metas)).some((id) => mine.has(id)) ? r : null)))
       .filter((r): r is VolumeRecord => r !== null);
     if (!family.some((r) => r.name === rec.name)) family.push(rec);
-    const maps = new Map<string, MappedExtent[]>();
-    await mapLimit(family, 4, async (r) => { maps.set(r.name, await this.mappedExtents(r)); });
-    const acc = accountMaps(maps).get(rec.name);
-    // The volume a snapshot is of is among the records just read: no second GET.
-    const info = await this.describe(rec, rec.snapshot ? recs.find((r) => r.name === volumeNameOf(name)) ?? null : null);
-    return { ...info, ...acc };
+    return family;
+  }
+
+  /**
+   * `rec`'s relatives through the fork markers: every id below the root of `line` (its ids,
+   * nearest first), each with the name it was made under; a relative is a record under that
+   * name holding that id (a name removed or made again since holds another, or none). A
+   * removed volume's markers stay while its descendants live (GC keeps a marker as long as its
+   * child's meta), so the walk passes through it.
+   */
+  private async familyByMarkers(rec: VolumeRecord, line: string[], metas: Map<string, Promise<VolumeRecord | null>>): Promise<VolumeRecord[]> {
+    const names = new Map<string, string>();
+    for (const id of line) {
+      const m = await metas.get(id);
+      if (m) names.set(id, m.name);
+    }
+    let level = [line[line.length - 1]!];
+    const seen = new Set(level);
+    while (level.length > 0) {
+      const next: string[] = [];
+      await mapLimit(level, 8, async (id) => {
+        for await (const o of this.opts.store.list(keys.forksPrefix(id))) {
+          const f = forkMarkerOf(o.key);
+          if (f === null || f.parent !== id || seen.has(f.child)) continue;
+          seen.add(f.child);
+          names.set(f.child, f.name);
+          next.push(f.child);
+        }
+      });
+      level = next;
+    }
+    const family = await mapLimit([...names], 8, async ([id, n]) => (id === rec.id ? rec : (await this.recordOrNull(n).then((r) => (r?.id === id ? r : null)))));
+    return family.filter((r): r is VolumeRecord => r !== null);
   }
 
   /** The committed map of a volume or snapshot as plain extents (accounting's input). */

@@ -59,7 +59,25 @@ export const keys = {
   checkpointPrefix: (id: string) => `vol/${id}/checkpoint/`,
   checkpoint: (id: string, seq: number) => `vol/${id}/checkpoint/${seqStr(seq)}`,
   segment: (id: string, seq: number, nonce: string, n: number) => `vol/${id}/seg/${seqStr(seq)}-${nonce}-${n}`,
+  /** Fork markers: an empty object per fork or snapshot of `parentId`, naming the child (FORK_MARKER_RE). */
+  forksPrefix: (parentId: string) => `vol/${parentId}/forks/`,
+  forkMarker: (parentId: string, childId: string, childName: string) => `vol/${parentId}/forks/${childId}/${childName}`,
 };
+
+/**
+ * vol/<parent-id>/forks/<child-id>/<child-name>: put by every fork and snapshot (with its meta,
+ * before its name) so that a volume's descendants can be found from its id alone, without
+ * reading every record (accounting: catalog.ts infoWithAccounting). Nothing reads data through
+ * it: a marker wrong or missing can only make accounting look at every record (records
+ * made before markers) or skip a record that is not there. GC keeps a marker as long as the
+ * child's meta (gc.ts), so a removed volume's markers lead on to its descendants while any live.
+ */
+const FORK_MARKER_RE = /^vol\/([^/]+)\/forks\/([^/]+)\/([^/]+)$/;
+
+export function forkMarkerOf(key: string): { parent: string; child: string; name: string } | null {
+  const m = FORK_MARKER_RE.exec(key);
+  return m ? { parent: m[1]!, child: m[2]!, name: m[3]! } : null;
+}
 
 /** The log position a segment was uploaded for: vol/<id>/seg/<seq:20>-<nonce>-<n>. */
 export function segmentSeq(key: string): number | null {
@@ -127,6 +145,12 @@ export interface VolumeRecord {
    * extents within, when larger than `size`: a volume shrunk, or forked from one. Absent: `size`.
    */
   recoverySize?: number;
+  /**
+   * Made by a baton that marks every fork and snapshot (keys.forkMarker): if a volume's root
+   * ancestor has it, every descendant of that root has a marker (a descendant is made after its
+   * root, by a baton as new or newer: mixed versions are not supported for writing).
+   */
+  forksMarked?: true;
 }
 
 /**

@@ -9,7 +9,9 @@
  * - every object recovery read: the newest checkpoint, the log records after it, and for a
  *   fork without its own checkpoint the ancestor's checkpoint and records up to the fork point;
  * plus, for every volume id reachable from a record through `parent` links, its `meta` (`rm`
- * walks those links to find descendants); and for the id of every existing volume (the ids
+ * walks those links to find descendants), and every fork marker of such an id
+ * (`vol/<parent>/forks/<id>/<name>`, format.ts: accounting walks those down; no data is read
+ * through them, so they matter to nothing else); and for the id of every existing volume (the ids
  * someone may write), its newest log record (the top position of a writable log is never
  * freed for reuse: see "The log is a chain" in volume.ts) and every segment uploaded for a
  * position after it (a commit in flight: its record is not written yet). A removed volume's
@@ -159,7 +161,7 @@ import { listAll, type ByteRange, type ListOptions, type ObjectHead, type Object
 import { compareKeys } from '../store/memory.js';
 import type { StoreCatalog } from './catalog.js';
 import { GC_STATE_KEY, ListingIndex, decodeGcState, encodeGcState, type Contribution, type ListInput } from './gc-state.js';
-import { decodeVolumeRecord, keys, maxOperationMs, segmentSeq, seqFromKey, timeBounds, type VolumeRecord } from './format.js';
+import { decodeVolumeRecord, forkMarkerOf, keys, maxOperationMs, segmentSeq, seqFromKey, timeBounds, type VolumeRecord } from './format.js';
 import { mapLimit } from './volume.js';
 
 export const DEFAULT_GC_GRACE_MS = 60 * 60 * 1000;
@@ -538,6 +540,12 @@ export async function collectGarbage(catalog: StoreCatalog, opts: GcOptions = {}
     if (id && writableIds.has(id) && o.key.startsWith(keys.logPrefix(id))) newestLog.set(id, o.key); // listed in order: the last one wins
   }
   for (const k of newestLog.values()) refs.add(k);
+  // A fork marker lives as long as its child's meta: while the child, or a descendant of it,
+  // exists (its meta is then in R), the marker leads accounting from the parent to it.
+  for (const o of objects) {
+    const f = forkMarkerOf(o.key);
+    if (f !== null && refs.has(keys.meta(f.child))) refs.add(o.key);
+  }
   for (const o of objects) {
     const id = idOf(o.key);
     const seq = segmentSeq(o.key);

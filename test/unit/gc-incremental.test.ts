@@ -260,20 +260,70 @@ test('the state round-trips, sharing keys between records, and a damaged one is 
   await t.throwsAsync(decodeGcState(Buffer.from('not json\n'), async () => {}), { code: 'BATON_ERR_CORRUPT' });
 });
 
-test('info with accounting reads no record of an unrelated volume once GC has run, and follows a record made again since', async (t) => {
+test('info with accounting reads only the relatives\' records and maps, found through fork markers, with or without a GC run', async (t) => {
   const s = setup();
-  await fleet(s, 8);
+  await fleet(s, 8); // v1 has a fork f1, v2 a snapshot
+  // A grandchild through f1 (written first: a fork of a fork with no log of its own points
+  // at the volume that has one), then f1 removed: v1's family goes on through f1's markers.
+  const f1 = await s.open('f1');
+  await f1.write(128 * 1024, Buffer.alloc(64 * 1024, 0x55), false);
+  await f1.flush();
+  await f1.close();
+  await s.catalog.fork('f1', 'f1a');
+  t.is((await s.catalog.record('f1a')).parent?.id, await idOf(s.catalog, 'f1'));
+  await s.catalog.remove('f1');
+  const check = async (when: string): Promise<void> => {
+    const from = s.store.requests.length;
+    const info = await s.catalog.infoWithAccounting('v1');
+    const requests = s.store.requests.slice(from);
+    const records = requests.filter((q) => q.startsWith('get volumes/')).sort();
+    t.deepEqual(records, ['get volumes/f1', 'get volumes/f1a', 'get volumes/v1'], `${when}: its own record and its relatives' (f1 is gone: its name is looked up)`);
+    t.false(requests.some((q) => q === 'list volumes/'), `${when}: no listing of every record`);
+    t.false(requests.includes(`get ${GC_STATE_KEY}`), `${when}: no GC state`);
+    const all = (await s.catalog.listWithAccounting()).find((v) => v.name === 'v1')!;
+    t.true(info.sharedBytes! > 0, `${when}: f1a shares v1's data`);
+    t.deepEqual([info.writtenBytes, info.exclusiveBytes, info.sharedBytes], [all.writtenBytes, all.exclusiveBytes, all.sharedBytes], `${when}: the numbers of accounting over every map`);
+  };
+  await check('before any GC run');
+  s.advance(G + 1);
   await s.gc();
-  // v3 is removed and made again after the GC run: its record's etag is not the state's.
-  await s.catalog.remove('v3');
-  await s.catalog.create('v3', 16 * MiB);
+  s.advance(G + 1);
+  await s.gc(); // the first run's marks are old now: whatever it marked is deleted
+  await check('after GC runs (the markers of f1, removed, and of f1a were kept)');
+  // A snapshot's info finds the volume it is of among its relatives.
+  const snap = await s.catalog.infoWithAccounting('v2@snap');
+  t.is(snap.snapshotOf?.volume, 'v2');
+});
+
+test('a family made before fork markers (its root without forksMarked) is found through every record', async (t) => {
+  const s = setup();
+  await fleet(s, 4);
+  // Make v1's records look like an older baton's: no forksMarked, no markers.
+  const v1 = await s.catalog.record('v1');
+  const { forksMarked: _, ...old } = v1;
+  const body = Buffer.from(JSON.stringify(old));
+  await s.memory.put(`volumes/v1`, body);
+  await s.memory.put(`vol/${v1.id}/meta`, body);
+  for (const o of await listAll(s.memory, `vol/${v1.id}/forks/`)) await s.memory.delete(o.key);
   const from = s.store.requests.length;
   const info = await s.catalog.infoWithAccounting('v1');
-  const gets = s.store.requests.slice(from).filter((q) => q.startsWith('get volumes/') || q.startsWith('get vol/') && q.endsWith('/meta'));
-  t.deepEqual(gets.sort(), ['get volumes/v1', 'get volumes/v3'], 'its own record (by name) and the one made since the GC run');
-  t.is(info.name, 'v1');
-  t.true(info.sharedBytes! > 0, 'the fork f1 shares its data');
-  // The same numbers as accounting over every map.
-  const all = (await s.catalog.listWithAccounting()).find((v) => v.name === 'v1')!;
-  t.deepEqual([info.writtenBytes, info.exclusiveBytes, info.sharedBytes], [all.writtenBytes, all.exclusiveBytes, all.sharedBytes]);
+  t.true(s.store.requests.slice(from).includes('list volumes/'), 'every record');
+  t.true(info.sharedBytes! > 0, 'the fork f1 found without its marker');
+});
+
+test('GC keeps a fork marker while its child is there, and deletes it with the child\'s meta', async (t) => {
+  const s = setup();
+  await fleet(s, 3);
+  const v1 = await idOf(s.catalog, 'v1');
+  const f1 = await idOf(s.catalog, 'f1');
+  const marker = `vol/${v1}/forks/${f1}/f1`;
+  t.truthy(await s.memory.head(marker), 'the fork put its marker');
+  s.advance(G + 1);
+  await s.gc();
+  s.advance(G + 1);
+  await s.gc();
+  t.truthy(await s.memory.head(marker), 'kept while f1 is there');
+  await s.catalog.remove('f1');
+  for (let i = 0; i < 2; i++) { s.advance(G + 1); await s.gc(); }
+  t.is(await s.memory.head(marker), null, 'gone with f1');
 });
