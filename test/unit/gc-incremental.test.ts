@@ -327,3 +327,55 @@ test('GC keeps a fork marker while its child is there, and deletes it with the c
   for (let i = 0; i < 2; i++) { s.advance(G + 1); await s.gc(); }
   t.is(await s.memory.head(marker), null, 'gone with f1');
 });
+
+test('a fork that lands after the records were listed, made from a volume loaded live, is found by the next round: its data is not marked', async (t) => {
+  const s = setup();
+  await s.catalog.create('y', 16 * MiB);
+  const y = await s.open('y');
+  await y.write(0, Buffer.alloc(2 * MiB, 7), false); // large enough for a segment (small writes go inline in the log)
+  await y.flush();
+  await y.close();
+  const yId = await idOf(s.catalog, 'y');
+  const segs = (await listAll(s.memory, `vol/${yId}/seg/`)).map((o) => o.key);
+  t.true(segs.length >= 1);
+  s.advance(G + 1); // y's segment is old enough to be a candidate
+  // f's own catalog holds its name put until GC has listed the records (and lets it land then).
+  let release!: () => void;
+  const gate = new Promise<void>((r) => { release = r; });
+  let held!: () => void;
+  const holding = new Promise<void>((r) => { held = r; });
+  class GatedStore extends LoggingStore {
+    override put(key: string, body: Buffer, options?: PutOptions): Promise<void> {
+      if (key !== 'volumes/f') return super.put(key, body, options);
+      held();
+      return gate.then(() => super.put(key, body, options));
+    }
+  }
+  const fCache = BlockCache.open({ capacityBytes: 16 * MiB });
+  const fCatalog = new StoreCatalog({ store: new GatedStore(s.memory), log: silentLogger(), cache: () => fCache, volume: { maxOperationMs: M, segmentBytes: MiB, checkpointEvery: 4 } });
+  let forkF: Promise<unknown> = Promise.resolve();
+  const { r } = await s.gc({
+    duringWait: async () => {
+      // After the run's vol/ listing: x's meta is not in it, so x is loaded live.
+      await s.catalog.fork('y', 'x');
+      await s.catalog.remove('y'); // x maps y's data: kept for it
+      forkF = fCatalog.fork('x', 'f'); // reads x's fork point now, while x maps y's segment...
+      await holding; // ...and is about to land its name
+      const x = await s.open('x');
+      await x.write(0, Buffer.alloc(2 * MiB, 9), false); // now x maps it no more
+      await x.flush();
+      await x.close();
+      const from = s.store.requests.length;
+      void (async () => {
+        while (!s.store.requests.slice(from).includes('list volumes/')) await new Promise((res) => setTimeout(res, 1));
+        setTimeout(release, 20); // f lands after this round's listing of the records
+      })();
+    },
+  });
+  await forkF;
+  t.truthy(await s.catalog.record('f'), 'f was made');
+  t.true(r.liveRecords >= 1 && r.recordListings >= 2, 'x was loaded live, so the records were listed again');
+  const marks = await listAll(s.memory, 'gc/marks/');
+  const marked = (await Promise.all(marks.map(async (m) => (JSON.parse((await s.memory.get(m.key)).toString('utf8')) as { keys: string[] }).keys))).flat();
+  for (const seg of segs) t.false(marked.includes(seg), `f maps y's segment ${seg}: not a candidate`);
+});
