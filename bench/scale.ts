@@ -18,6 +18,10 @@
  *   recovery    Volume.open on a new catalog (a host with nothing of the volume in memory):
  *               time, event loop delay max meanwhile;
  *   compaction  compactionCandidates (the planning walk over the whole map): time, delay max;
+ *   fio         while the checkpoint and the compaction planning run, the volume is served over
+ *               NBD (an in-process NbdServer on a Unix socket, as `baton serve` would) and fio
+ *               reads it (randread 4 KiB, QD 4, FIO_S (4) seconds, the phase starting 0.5 s in):
+ *               fio's IOPS, p99 and max latency are what a client saw meanwhile;
  *   serving     READS (20,000) random 4 KiB reads through Volume.read on the recovered volume,
  *               one at a time, each in an event-loop turn of its own (as requests from a socket
  *               are; every read resolves through the map): time per read, delay max and p99.
@@ -31,7 +35,7 @@
  * That wait is behind any runnable thread, this process's own GC helpers and libuv pool
  * included, so the raw maximum stays the number to meet; the others say whose a gap was.
  *
- * Knobs (environment): EXTENTS (10k,1M,10M), READS (20000), DATA_EVERY (100), FLUSH_EVERY (50000), SEED (1), SCALE_GAPS (1: print
+ * Knobs (environment): EXTENTS (10k,1M,10M), READS (20000), FIO_S (4; 0: no fio), DATA_EVERY (100), FLUSH_EVERY (50000), SEED (1), SCALE_GAPS (1: print
  * every gap of the event loop over 30 ms with its time, to line up with node --trace-gc; a
  * number above 1: over that many ms).
  * Results: bench/results/scale.md and scale.json. Run with node --expose-gc for the memory rows
@@ -49,7 +53,9 @@ import { listAll, type ObjectStore } from '../src/store/object-store.js';
 import { openStore } from '../src/store/open.js';
 import { StoreCatalog } from '../src/volume/catalog.js';
 import type { Volume } from '../src/volume/volume.js';
-import { MiB, fmt, machineInfo, makeTempDir, markdownTable, writeResults } from './lib.js';
+import { NbdServer } from '../nbd/server.js';
+import type { BlockBackend } from '../nbd/backend.js';
+import { MiB, fmt, machineInfo, makeTempDir, markdownTable, runFio, writeResults, type FioResult } from './lib.js';
 
 const TiB = 1024 * 1024 * MiB;
 const parseCount = (s: string): number => {
@@ -62,6 +68,9 @@ const DATA_EVERY = Math.max(1, Number(process.env.DATA_EVERY || 100));
 const FLUSH_EVERY = Math.max(1, Number(process.env.FLUSH_EVERY || 50_000));
 const SEED = Number(process.env.SEED || 1);
 const READS = Math.max(1, Number(process.env.READS || 20_000));
+/** fio over NBD while checkpointing and planning: its run in seconds (0: off); the phase starts FIO_LEAD_MS into it. */
+const FIO_S = Math.max(0, Number(process.env.FIO_S ?? 4));
+const FIO_LEAD_MS = 500;
 /** SCALE_GAPS=1: print event-loop gaps over 30 ms; SCALE_GAPS=N (> 1): over N ms. */
 const GAPS_MS = !process.env.SCALE_GAPS ? 0 : Number(process.env.SCALE_GAPS) > 1 ? Number(process.env.SCALE_GAPS) : 30;
 const log = (s: string): void => { process.stderr.write(s + '\n'); };
@@ -143,6 +152,37 @@ const pick = (d: Delay): Delay => ({ maxDelayMs: d.maxDelayMs, p99DelayMs: d.p99
 const delayLog = (d: Delay): string => `event loop delay max ${fmt(d.maxDelayMs)} ms, p99 ${fmt(d.p99DelayMs)} ms${d.cpuMaxMs !== null ? `; less waits for a CPU ${fmt(d.ownMaxDelayMs!)} ms, at most ${fmt(d.cpuMaxMs)} ms on a CPU in one gap` : ''}`;
 const delayCell = (d: Delay): string => `${fmt(d.maxDelayMs)} / ${fmt(d.p99DelayMs)}${d.cpuMaxMs !== null ? ` (${fmt(d.cpuMaxMs)})` : ''}`;
 
+/** What fio saw over NBD during a phase: IOPS, latency p99 and max (µs). */
+interface ClientView { iops: number; p99Us: number; maxUs: number }
+
+/**
+ * Run `phase` while the volume is served over NBD and fio reads it (FIO_S seconds, the phase
+ * starting FIO_LEAD_MS in): the phase's event-loop delay (withDelay) and what the client saw.
+ */
+async function withFio<T>(backend: BlockBackend, dir: string, name: string, phase: () => Promise<T>): Promise<{ phase: Awaited<ReturnType<typeof withDelay<T>>>; fio: ClientView | null }> {
+  if (FIO_S <= 0) return { phase: await withDelay(phase), fio: null };
+  const sock = path.join(dir, `${name}.sock`);
+  const server = new NbdServer({
+    list: async () => [{ name: 'v', description: 'scale' }],
+    open: async () => ({ name: 'v', description: 'scale', backend, release: () => {} }),
+  }, { log: silentLogger() });
+  await server.listen({ path: sock });
+  try {
+    const fio = runFio({ name, rw: 'randread', bs: '4k', iodepth: 4, runtime: FIO_S, size: backend.size, ioengine: 'nbd', uri: `nbd+unix:///v?socket=${sock}`, extra: ['--randrepeat=0'] }, dir);
+    fio.catch(() => {});
+    await new Promise((resolve) => setTimeout(resolve, FIO_LEAD_MS));
+    const measured = await withDelay(phase);
+    const r: FioResult = await fio;
+    const lat = (r.raw.read as { lat_ns?: { max?: number } } | undefined)?.lat_ns;
+    return { phase: measured, fio: { iops: r.iops, p99Us: r.latUs.p99, maxUs: (lat?.max ?? NaN) / 1000 } };
+  } finally {
+    await server.close();
+  }
+}
+
+const fioLog = (f: ClientView | null): string => (f ? `; fio over NBD meanwhile: ${Math.round(f.iops)} IOPS, p99 ${fmt(f.p99Us / 1000)} ms, max ${fmt(f.maxUs / 1000)} ms` : '');
+const fioCell = (f: ClientView | null | undefined): string => (f ? `${Math.round(f.iops).toLocaleString('en-US')} / ${fmt(f.p99Us / 1000)} / ${fmt(f.maxUs / 1000)}` : '');
+
 interface SizeResult {
   asked: number;
   extents: number;
@@ -154,9 +194,9 @@ interface SizeResult {
   /** Heap plus ArrayBuffer memory per extent. */
   bytesPerExtent: number;
   heapBytesPerExtent: number;
-  checkpoint: { ms: number; bytes: number } & Delay;
+  checkpoint: { ms: number; bytes: number; fio: ClientView | null } & Delay;
   recovery: { ms: number; extents: number } & Delay;
-  compactionPlan: { ms: number } & Delay;
+  compactionPlan: { ms: number; fio: ClientView | null } & Delay;
   serving: { reads: number; usPerRead: number } & Delay;
 }
 
@@ -168,7 +208,7 @@ async function oneSize(asked: number, root: string): Promise<SizeResult> {
   const cat: Catalogs = () => new StoreCatalog({ store, log: silentLogger(), cache: () => BlockCache.open({ capacityBytes: 64 * MiB }), volume: { checkpointEvery: 1e9 } });
   // The writer's part in a function of its own: once it returns, nothing of the first volume
   // stays reachable (its map would double the heap a new host recovers into).
-  const built = await buildAndCheckpoint(asked, store, cat);
+  const built = await buildAndCheckpoint(asked, store, cat, dir);
   gc();
   // Let the writer's memory go before timing a new host: freeing its hundreds of MiB of
   // buffers (the map's pool, the checkpoint it wrote) shows as event-loop gaps of 10-50 ms
@@ -179,8 +219,8 @@ async function oneSize(asked: number, root: string): Promise<SizeResult> {
   const rec = await withDelay(async () => (await cat().open('v', { readOnly: true })).backend as Volume);
   const w = rec.value;
   log(`  recovery: ${fmt(rec.ms)} ms (${w.stats().extents.toLocaleString('en-US')} extents), ${delayLog(rec)}`);
-  const plan = await withDelay(() => w.compactionCandidates(0.5));
-  log(`  compaction planning: ${fmt(plan.ms)} ms, ${delayLog(plan)}`);
+  const { phase: plan, fio: planFio } = await withFio(w, dir, 'plan', () => w.compactionCandidates(0.5));
+  log(`  compaction planning: ${fmt(plan.ms)} ms, ${delayLog(plan)}${fioLog(planFio)}`);
   // Serving: random 4 KiB reads, each resolved through the map (most land on zero extents or
   // gaps, one in DATA_EVERY written extents on a data object read from its file).
   const rnd = seededRandom(SEED + asked + 1);
@@ -202,12 +242,12 @@ async function oneSize(asked: number, root: string): Promise<SizeResult> {
   return {
     asked, ...built,
     recovery: { ms: rec.ms, extents: recExtents, ...pick(rec) },
-    compactionPlan: { ms: plan.ms, ...pick(plan) },
+    compactionPlan: { ms: plan.ms, fio: planFio, ...pick(plan) },
     serving: { reads: READS, usPerRead: (serve.ms * 1000) / READS, ...pick(serve) },
   };
 }
 
-async function buildAndCheckpoint(asked: number, store: ObjectStore, cat: Catalogs): Promise<Omit<SizeResult, 'asked' | 'recovery' | 'compactionPlan' | 'serving'>> {
+async function buildAndCheckpoint(asked: number, store: ObjectStore, cat: Catalogs, dir: string): Promise<Omit<SizeResult, 'asked' | 'recovery' | 'compactionPlan' | 'serving'>> {
   const catalog = cat();
   await catalog.create('v', TiB);
   const v = (await catalog.open('v', { readOnly: false })).backend as Volume;
@@ -242,19 +282,19 @@ async function buildAndCheckpoint(asked: number, store: ObjectStore, cat: Catalo
   const cpPrefix = `vol/${v.volumeId}/checkpoint/`;
   const cpsBefore = new Set((await listAll(store, cpPrefix)).map((o) => o.key));
   const internals = v as unknown as { maybeCheckpoint(force: boolean): void; checkpointing: Promise<void> | null };
-  const cp = await withDelay(async () => {
+  const { phase: cp, fio: cpFio } = await withFio(v, dir, 'checkpoint', async () => {
     internals.maybeCheckpoint(true);
     await internals.checkpointing;
   });
   const newCp = (await listAll(store, cpPrefix)).filter((o) => !cpsBefore.has(o.key));
   const cpBytes = newCp.reduce((n, o) => n + o.size, 0);
   if (newCp.length !== 1) throw new Error(`expected one new checkpoint, found ${newCp.length}`);
-  log(`  checkpoint: ${fmt(cp.ms)} ms, ${formatSize(cpBytes)}, ${delayLog(cp)}`);
+  log(`  checkpoint: ${fmt(cp.ms)} ms, ${formatSize(cpBytes)}, ${delayLog(cp)}${fioLog(cpFio)}`);
   const commits = v.stats().commits;
   await v.close();
   return {
     extents, buildS, commits, rssMiB, heapMiB, arrayBuffersMiB, bytesPerExtent: ((heapMiB + arrayBuffersMiB) * MiB) / extents, heapBytesPerExtent: (heapMiB * MiB) / extents,
-    checkpoint: { ms: cp.ms, bytes: cpBytes, ...pick(cp) },
+    checkpoint: { ms: cp.ms, bytes: cpBytes, fio: cpFio, ...pick(cp) },
   };
 }
 
@@ -275,17 +315,17 @@ async function main(): Promise<void> {
   const L: string[] = [];
   L.push('# scale: maps of many extents\n');
   L.push(`${new Date(started).toISOString().slice(0, 16).replace('T', ' ')} UTC, ${machine.nproc} cores, node ${machine.node}, baton ${machine.batonCommit ?? '?'}; whole run ${((Date.now() - started) / 1000).toFixed(0)} s.`);
-  L.push(`A 1 TiB volume on a \`file:\` store; random 4 KiB-aligned offsets, one in ${DATA_EVERY} a 4 KiB write of random bytes, the rest 4 KiB WRITE_ZEROES (NO_HOLE), a flush every ${FLUSH_EVERY.toLocaleString('en-US')} operations, all through the engine (Volume.write / zero / flush). Event loop delay, "max / p99 (cpu)": the longest gap of a 1 ms timer in the same process (what a host serving other volumes meanwhile sees), monitorEventLoopDelay's p99, and in parentheses the most CPU time the main thread used within one gap (Linux schedstat, ±1 kernel tick: on a shared machine the rest of a gap is waiting for a CPU or blocked; scale.json also has each phase's longest gap less its run-queue waits). Memory: growth of the JS heap plus ArrayBuffer memory (where the packed committed map keeps its extents) over the build, after a full GC. Serving: ${READS.toLocaleString('en-US')} random 4 KiB reads one after the other on the recovered volume.\n`);
+  L.push(`A 1 TiB volume on a \`file:\` store; random 4 KiB-aligned offsets, one in ${DATA_EVERY} a 4 KiB write of random bytes, the rest 4 KiB WRITE_ZEROES (NO_HOLE), a flush every ${FLUSH_EVERY.toLocaleString('en-US')} operations, all through the engine (Volume.write / zero / flush). Event loop delay, "max / p99 (cpu)": the longest gap of a 1 ms timer in the same process (what a host serving other volumes meanwhile sees), monitorEventLoopDelay's p99, and in parentheses the most CPU time the main thread used within one gap (Linux schedstat, ±1 kernel tick: on a shared machine the rest of a gap is waiting for a CPU or blocked; scale.json also has each phase's longest gap less its run-queue waits). Memory: growth of the JS heap plus ArrayBuffer memory (where the packed committed map keeps its extents) over the build, after a full GC. Serving: ${READS.toLocaleString('en-US')} random 4 KiB reads one after the other on the recovered volume. fio: while checkpointing and while planning, the volume served over NBD on a Unix socket in this process, fio randread 4 KiB at QD 4 for ${FIO_S} s (the phase starting 0.5 s in): IOPS, latency p99 and max.\n`);
   L.push(markdownTable(
-    ['extents', 'build, s', 'memory per extent (heap + array buffers), B', 'of it heap, B', 'RSS growth, MiB', 'checkpoint, ms', 'checkpoint size', 'delay while checkpointing, ms', 'recovery on a new host, ms', 'delay while recovering, ms', 'compaction planning, ms', 'delay while planning, ms', 'random 4 KiB read, µs', 'delay while serving reads, ms'],
+    ['extents', 'build, s', 'memory per extent (heap + array buffers), B', 'of it heap, B', 'RSS growth, MiB', 'checkpoint, ms', 'checkpoint size', 'delay while checkpointing, ms', 'fio over NBD meanwhile: IOPS / p99 / max ms', 'recovery on a new host, ms', 'delay while recovering, ms', 'compaction planning, ms', 'delay while planning, ms', 'fio over NBD meanwhile: IOPS / p99 / max ms', 'random 4 KiB read, µs', 'delay while serving reads, ms'],
     results.map((r) => [
       r.extents.toLocaleString('en-US'), fmt(r.buildS), fmt(r.bytesPerExtent), fmt(r.heapBytesPerExtent), fmt(r.rssMiB), fmt(r.checkpoint.ms), formatSize(r.checkpoint.bytes),
-      delayCell(r.checkpoint), fmt(r.recovery.ms), delayCell(r.recovery), fmt(r.compactionPlan.ms), delayCell(r.compactionPlan),
+      delayCell(r.checkpoint), fioCell(r.checkpoint.fio), fmt(r.recovery.ms), delayCell(r.recovery), fmt(r.compactionPlan.ms), delayCell(r.compactionPlan), fioCell(r.compactionPlan.fio),
       fmt(r.serving.usPerRead), delayCell(r.serving),
     ]),
   ));
   L.push('\n```sh\nnode --expose-gc --max-old-space-size=8192 dist/bench/scale.js   # EXTENTS=10k,1M,10M (or SCENARIOS=scale npm run bench)\n```\n');
-  const out = writeResults('scale', L.join('\n'), { machine, knobs: { EXTENTS, READS, DATA_EVERY, FLUSH_EVERY, SEED }, results });
+  const out = writeResults('scale', L.join('\n'), { machine, knobs: { EXTENTS, READS, DATA_EVERY, FLUSH_EVERY, SEED, FIO_S }, results });
   log(`results: ${out.md}, ${out.json}`);
 }
 
