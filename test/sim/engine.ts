@@ -604,6 +604,7 @@ export async function gcActor(run: SimRun, node: Node): Promise<void> {
       run.count('gcRecordsReused', r.reusedRecords);
       run.count('gcRecordsLive', r.liveRecords);
       if (r.recordListings === 1) run.count('gcRunsOneRecordListing');
+      if (r.markedObjects > 0) run.auditMarks();
       if (r.deletedObjects) run.note(`  gc deleted ${r.deletedObjects}, marked ${r.markedObjects}`);
     } catch (err) {
       // "cannot compute what X needs (...); nothing was deleted": a store error while it looked.

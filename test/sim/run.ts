@@ -719,6 +719,70 @@ export class SimRun {
     }
   }
 
+  private readonly auditedMarks = new Set<string>();
+
+  /**
+   * GC's claim for one run (gc.ts, "Why nothing needed is ever deleted"): from the moment a
+   * run writes its mark, no map, existing or in creation, names what it marked. Deleting needs
+   * two runs to miss the same object, so the store audit above sees a run's miss only when
+   * the next one misses it too; this checks each run alone. Called after a GC run: the marks
+   * that appeared since the last call are read from the store's state (no request, no fault),
+   * and M later, when every fork or snapshot in creation at the mark has landed or been undone
+   * (landRecord's budget is M/2), a fresh host recovers every live volume and snapshot: none may
+   * map a marked object.
+   */
+  auditMarks(): void {
+    if (this.stopping || this.healed || this.violation) return;
+    const marked = new Set<string>();
+    const names: string[] = [];
+    for (let after: string | undefined; ;) {
+      const page = this.server.listPage('gc/marks/', after, 1000);
+      for (const o of page.items) {
+        if (this.auditedMarks.has(o.key)) continue;
+        this.auditedMarks.add(o.key);
+        names.push(o.key);
+        try {
+          const m = JSON.parse(this.server.get(o.key, undefined).toString('utf8')) as { keys?: unknown };
+          if (Array.isArray(m.keys)) for (const k of m.keys) if (typeof k === 'string') marked.add(k);
+        } catch { /* gone already, or not a mark: nothing to hold anyone to */ }
+      }
+      if (!page.truncated || page.items.length === 0) break;
+      after = page.items[page.items.length - 1]!.key;
+    }
+    if (marked.size === 0) return;
+    this.sim.after(M, () => { void this.auditMarksNow(marked, names); });
+  }
+
+  private async auditMarksNow(marked: Set<string>, marks: string[]): Promise<void> {
+    if (this.stopping || this.healed || this.violation) return;
+    if (!this.observer) {
+      const host = this.sim.host('observer');
+      this.observer = new Node(this, host, host.start(), this.sim.rng.derive('observer-node'));
+    }
+    const node = this.observer;
+    this.count('markAudits');
+    for (const l of [...this.live.values()]) {
+      if (l.removing || l.unknown || this.violation) continue;
+      l.users++; // as a view: nobody removes it under the audit
+      let vol: Volume | null = null;
+      try {
+        const rec = await this.op(node, `mark audit record ${l.name}`, () => node.catalog('host').record(l.name));
+        if (rec.id !== l.vm.id) continue;
+        const opened = await this.op(node, `mark audit open ${l.name}`, async () => Volume.open(rec, node.volumeOptions(true, await node.cache(), 'host', rec)));
+        vol = opened;
+        let named: string | null = null;
+        await opened.forEachCommitted((e) => { if (named === null && e.key !== null && marked.has(e.key)) named = e.key; });
+        this.count('markAuditedMaps');
+        if (named !== null) this.fail(new Violation('gc-marked-needed', `${l.vm.label} maps ${named}, which GC marked ${M} ms before (${marks.join(', ')}): that run's reference set missed a map that existed or was being made`));
+      } catch (err) {
+        this.expect(err, `mark audit of ${l.name}`, ['CORRUPT', 'NOT_FOUND']);
+      } finally {
+        l.users--;
+        await vol?.close().catch(() => {});
+      }
+    }
+  }
+
   /** A timer of nobody's process (the run's own orchestration). */
   waitGlobal(ms: number): Promise<void> { return new Promise((r) => { this.sim.after(ms, r); }); }
 
