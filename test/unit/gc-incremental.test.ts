@@ -137,20 +137,32 @@ test('a run after a few volumes were written reads only those (and a fork of a w
   t.is(full.r.referencedBytes, r.referencedBytes);
 });
 
-test('a log position re-created with other bytes (same key, new etag) makes its record computed again', async (t) => {
-  const s = setup();
+/**
+ * Volume `a` with one flushed write and left open (no checkpoint covers its newest log record,
+ * so recovery reads it), and a way to replace that record with the same bytes under a new put
+ * (only its etag tells the two versions apart).
+ */
+async function openLogVolume(s: ReturnType<typeof setup>): Promise<{ a: Volume; id: string; top: string; replaceTop: () => Promise<void> }> {
   await s.catalog.create('a', 16 * MiB);
   const a = await s.open('a');
   await a.write(0, Buffer.alloc(4096, 1), false);
-  await a.flush(); // left open: no checkpoint covers this record, so recovery reads it
-  await s.gc();
-  // Replace the newest log record with the same bytes under a new put: only the etag says so.
+  await a.flush();
   const id = await idOf(s.catalog, 'a');
   const logs = await listAll(s.memory, `vol/${id}/log/`);
   const top = logs[logs.length - 1]!.key;
-  const body = await s.memory.get(top);
-  await s.memory.delete(top);
-  await s.memory.put(top, body);
+  const replaceTop = async (): Promise<void> => {
+    const body = await s.memory.get(top);
+    await s.memory.delete(top);
+    await s.memory.put(top, body);
+  };
+  return { a, id, top, replaceTop };
+}
+
+test('a log position re-created with other bytes (same key, new etag) makes its record computed again', async (t) => {
+  const s = setup();
+  const { a, top, replaceTop } = await openLogVolume(s);
+  await s.gc();
+  await replaceTop();
   s.advance(G + 1);
   const { r, requests } = await s.gc();
   t.is(r.reusedRecords, 0, 'not reused');
@@ -183,21 +195,8 @@ test('a volume made while the run waits is loaded live, and then the records are
 
 test('a log record replaced after the listing makes its record loaded live (the GET is checked against the listed etag)', async (t) => {
   const s = setup();
-  await s.catalog.create('a', 16 * MiB);
-  const a = await s.open('a');
-  await a.write(0, Buffer.alloc(4096, 1), false);
-  await a.flush(); // left open: no checkpoint covers this record, so recovery reads it
-  const id = await idOf(s.catalog, 'a');
-  const logs = await listAll(s.memory, `vol/${id}/log/`);
-  const top = logs[logs.length - 1]!.key;
-  const { r, requests } = await s.gc({
-    duringWait: async () => {
-      // The same bytes under a new put: only the etag tells the version read from the one listed.
-      const body = await s.memory.get(top);
-      await s.memory.delete(top);
-      await s.memory.put(top, body);
-    },
-  });
+  const { a, id, replaceTop } = await openLogVolume(s);
+  const { r, requests } = await s.gc({ duringWait: replaceTop }); // after the run's listing
   t.is(r.liveRecords, 1, 'not computed as of the listing');
   t.is(r.recordListings, 2);
   t.true(requests.includes(`list vol/${id}/log/`), 'recovered live');
