@@ -691,13 +691,18 @@ export class SimRun {
     this.sim.after(delay, () => { void this.observeNow(l, why).finally(() => { l.users--; }); });
   }
 
-  private async observeNow(l: Live, why: string): Promise<void> {
-    if (this.violation) return;
+  /** The fresh host outside the fault schedule that observers and mark audits read through (made on first use). */
+  private observerNode(): Node {
     if (!this.observer) {
       const host = this.sim.host('observer');
       this.observer = new Node(this, host, host.start(), this.sim.rng.derive('observer-node'));
     }
-    const node = this.observer;
+    return this.observer;
+  }
+
+  private async observeNow(l: Live, why: string): Promise<void> {
+    if (this.violation) return;
+    const node = this.observerNode();
     this.count('observations');
     this.note(`  observer reads ${l.name} whole: ${why}`);
     const lo = this.model.stamp();
@@ -755,11 +760,7 @@ export class SimRun {
 
   private async auditMarksNow(marked: Set<string>, marks: string[]): Promise<void> {
     if (this.stopping || this.healed || this.violation) return;
-    if (!this.observer) {
-      const host = this.sim.host('observer');
-      this.observer = new Node(this, host, host.start(), this.sim.rng.derive('observer-node'));
-    }
-    const node = this.observer;
+    const node = this.observerNode();
     this.count('markAudits');
     for (const l of [...this.live.values()]) {
       if (l.removing || l.unknown || this.violation) continue;
