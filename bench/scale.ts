@@ -36,7 +36,7 @@
  * That wait is behind any runnable thread, this process's own GC helpers and libuv pool
  * included, so the raw maximum stays the number to meet; the others say whose a gap was.
  *
- * Knobs (environment): EXTENTS (10k,1M,10M), READS (20000), RECOVERIES (3), FIO_S (4; 0: no fio), DATA_EVERY (100), FLUSH_EVERY (50000), SEED (1), SCALE_GAPS (1: print
+ * Knobs (environment): EXTENTS (10k,1M,10M), READS (20000), RECOVERIES (3), SCALE_PROFILE (a directory: a CPU profile of the recoveries there), FIO_S (4; 0: no fio), DATA_EVERY (100), FLUSH_EVERY (50000), SEED (1), SCALE_GAPS (1: print
  * every gap of the event loop over 30 ms with its time, to line up with node --trace-gc; a
  * number above 1: over that many ms).
  * Results: bench/results/scale.md and scale.json. Run with node --expose-gc for the memory rows
@@ -44,6 +44,7 @@
  */
 
 import * as fs from 'node:fs';
+import * as inspector from 'node:inspector';
 import * as path from 'node:path';
 import { monitorEventLoopDelay } from 'node:perf_hooks';
 import { BlockCache } from '../src/cache.js';
@@ -74,6 +75,8 @@ const RECOVERIES = Math.max(1, Number(process.env.RECOVERIES || 3));
 /** fio over NBD while checkpointing and planning: its run in seconds (0: off); the phase starts FIO_LEAD_MS into it. */
 const FIO_S = Math.max(0, Number(process.env.FIO_S ?? 4));
 const FIO_LEAD_MS = 500;
+/** SCALE_PROFILE=DIR: a CPU profile of the recoveries (inspector, 100 µs samples) in DIR. */
+const PROFILE_DIR = process.env.SCALE_PROFILE || '';
 /** SCALE_GAPS=1: print event-loop gaps over 30 ms; SCALE_GAPS=N (> 1): over N ms. */
 const GAPS_MS = !process.env.SCALE_GAPS ? 0 : Number(process.env.SCALE_GAPS) > 1 ? Number(process.env.SCALE_GAPS) : 30;
 const log = (s: string): void => { process.stderr.write(s + '\n'); };
@@ -127,7 +130,9 @@ async function withDelay<T>(fn: () => Promise<T>): Promise<{ value: T; ms: numbe
     const waited = (wait - lastWait) / 1e6;
     // The rest of a gap, neither on a CPU nor waiting for one, the thread was blocked (a
     // synchronous read, a page fault waiting for reclaim).
-    if (GAPS_MS > 0 && gap > GAPS_MS) gaps.push(`${Math.round(last)}: ${Math.round(gap)} ms${schedstat ? ` (${Math.round((run - lastRun) / 1e6)} on a CPU, ${Math.round(waited)} waiting for one)` : ''}`);
+    // With a profile: where the gap began on the profile's clock (CLOCK_MONOTONIC µs), to find its samples.
+    const mono = PROFILE_DIR ? ` [mono ${Math.round(Number(process.hrtime.bigint() / 1000n) - gap * 1000)} µs]` : '';
+    if (GAPS_MS > 0 && gap > GAPS_MS) gaps.push(`${Math.round(last)}${mono}: ${Math.round(gap)} ms${schedstat ? ` (${Math.round((run - lastRun) / 1e6)} on a CPU, ${Math.round(waited)} waiting for one)` : ''}`);
     maxGap = Math.max(maxGap, gap);
     maxOwn = Math.max(maxOwn, gap - waited);
     maxCpu = Math.max(maxCpu, (run - lastRun) / 1e6);
@@ -206,6 +211,25 @@ interface SizeResult {
 
 type Catalogs = () => StoreCatalog;
 
+/** The inspector's CPU profiler in this process, from now until stop (which writes the profile to `file`). */
+async function startProfiler(): Promise<{ stop: (file: string) => Promise<string> }> {
+  const session = new inspector.Session();
+  session.connect();
+  const post = (method: string, params?: object): Promise<unknown> => new Promise((resolve, reject) => session.post(method, params, (err, res) => (err ? reject(err) : resolve(res))));
+  await post('Profiler.enable');
+  await post('Profiler.setSamplingInterval', { interval: 100 });
+  await post('Profiler.start');
+  return {
+    stop: async (file) => {
+      const { profile } = (await post('Profiler.stop')) as { profile: unknown };
+      session.disconnect();
+      fs.mkdirSync(path.dirname(file), { recursive: true });
+      fs.writeFileSync(file, JSON.stringify(profile));
+      return file;
+    },
+  };
+}
+
 async function oneSize(asked: number, root: string): Promise<SizeResult> {
   const dir = path.join(root, `x${asked}`);
   const store = openStore(`file:${path.join(dir, 'store')}`);
@@ -223,6 +247,7 @@ async function oneSize(asked: number, root: string): Promise<SizeResult> {
   // (the stall of one recovery is a tail on a shared machine: several samples from one build);
   // the table shows the one with the longest event-loop delay, the log every one.
   const recoveries: Awaited<ReturnType<typeof withDelay<Volume>>>[] = [];
+  const profiler = PROFILE_DIR ? await startProfiler() : null;
   for (let i = 0; i < RECOVERIES; i++) {
     if (i > 0) {
       await recoveries[i - 1]!.value.close();
@@ -233,6 +258,7 @@ async function oneSize(asked: number, root: string): Promise<SizeResult> {
     log(`  recovery${RECOVERIES > 1 ? ` ${i + 1} of ${RECOVERIES}` : ''}: ${fmt(one.ms)} ms (${one.value.stats().extents.toLocaleString('en-US')} extents), ${delayLog(one)}`);
     recoveries.push(one);
   }
+  if (profiler) log(`  recoveries' CPU profile: ${await profiler.stop(path.join(PROFILE_DIR, `recovery-${asked}.cpuprofile`))}`);
   const rec = recoveries.reduce((a, b) => (b.maxDelayMs > a.maxDelayMs ? b : a));
   const w = recoveries[recoveries.length - 1]!.value;
   const { phase: plan, fio: planFio } = await withFio(w, dir, 'plan', () => w.compactionCandidates(0.5));

@@ -267,6 +267,13 @@ export interface FrozenExtentMap<V> {
   close(): void;
 }
 
+/** Region number -> region, as RegionViews uses it: a Map, or PackedExtentMap's RegionTable. */
+export interface RegionIndex<R> {
+  get(r: number): R | undefined;
+  set(r: number, g: R): unknown;
+  keys(): IterableIterator<number>;
+}
+
 /**
  * Frozen views of a map of regions (region number -> region R), for ExtentMap (R: an array
  * of extent objects) and PackedExtentMap (R: a packed region). A map calls preserve(r)
@@ -286,7 +293,7 @@ export class RegionViews<R> {
    * region the map no longer uses once no open view keeps it (a packed map frees its block;
    * without it, the GC takes arrays nobody references).
    */
-  constructor(private readonly regions: Map<number, R>, private readonly copy: (r: R) => R, private readonly onAllClosed?: () => void, private readonly drop?: (r: R) => void) {}
+  constructor(private readonly regions: RegionIndex<R>, private readonly copy: (r: R) => R, private readonly onAllClosed?: () => void, private readonly drop?: (r: R) => void) {}
 
   get isOpen(): boolean { return this.views.length > 0; }
 

@@ -52,6 +52,7 @@
  * gap merging. The unit tests run both against one byte model and against each other.
  */
 
+import { strict as assert } from 'node:assert';
 import { REGION_SIZE, RegionViews, pushGap, type Extent, type FrozenExtentMap, type Piece } from './extent-map.js';
 
 /** See the header: how a PackedExtentMap reads and makes values. */
@@ -222,9 +223,85 @@ export interface PackedExtentMapOptions {
   regionSize?: number;
 }
 
+// ------------------------------------------------------------------ the region table
+
+/** Regions per inner table of a RegionTable (16 GiB of volume at 4 MiB regions). */
+export const TABLE_SPAN = 4096;
+
+/**
+ * Region number -> block address: a Map of bounded Maps. Why not one Map: a JS Map grows by
+ * rehashing every entry in one synchronous step, and a map recovered from a checkpoint adds
+ * its regions one after another: at 131,072 -> 262,144 regions (a 1 TiB volume written all
+ * over) one set took 5-9 ms quiet and 13-27 ms in a recovery under load (bench/scale.ts,
+ * profiled), and it doubles with the volume. Here no Map holds more than TABLE_SPAN entries
+ * (an inner table: regions that share `floor(r / TABLE_SPAN)`) or more than one entry per
+ * 16 GiB of volume (the outer one), so one set costs a bounded rehash at most, at any size;
+ * memory stays what one Map costs, about an entry per region (a dense array per inner table
+ * would cost 16 KiB for a sparse volume's lone region).
+ *
+ * Iteration (keys, entries) is in no particular order (as the Map it replaces: walks sort
+ * region numbers a bucket at a time, RegionViews.open). It is safe while the table changes:
+ * an inner table is looked up again for each step, and a region that stays in the table the
+ * whole time is always visited (what a frozen view's walk relies on).
+ */
+export class RegionTable {
+  private readonly outer = new Map<number, Map<number, number>>();
+  private count = 0;
+
+  get size(): number { return this.count; }
+
+  get(r: number): number | undefined {
+    return this.outer.get(Math.floor(r / TABLE_SPAN))?.get(r);
+  }
+
+  set(r: number, a: number): this {
+    const t = Math.floor(r / TABLE_SPAN);
+    let inner = this.outer.get(t);
+    if (inner === undefined) { inner = new Map(); this.outer.set(t, inner); }
+    const before = inner.size;
+    inner.set(r, a);
+    this.count += inner.size - before;
+    assert(inner.size <= TABLE_SPAN, 'an inner region table holds at most TABLE_SPAN regions');
+    return this;
+  }
+
+  delete(r: number): boolean {
+    const t = Math.floor(r / TABLE_SPAN);
+    const inner = this.outer.get(t);
+    if (inner === undefined || !inner.delete(r)) return false;
+    this.count--;
+    if (inner.size === 0) this.outer.delete(t);
+    return true;
+  }
+
+  *keys(): IterableIterator<number> {
+    for (const [r] of this.entries()) yield r;
+  }
+
+  *entries(): IterableIterator<[number, number]> {
+    for (const t of [...this.outer.keys()]) {
+      // Looked up again: emptied and dropped meanwhile, a table has nothing left to visit (a
+      // new one for the same numbers holds only regions made since).
+      const inner = this.outer.get(t);
+      if (inner === undefined) continue;
+      // Map iteration is live: entries added during it are visited, deleted ones are not.
+      for (const e of inner) yield e;
+    }
+  }
+
+  [Symbol.iterator](): IterableIterator<[number, number]> { return this.entries(); }
+
+  /** The most regions any one Map holds (at most TABLE_SPAN: the bound on a rehash), and how many inner tables there are. */
+  shape(): { tables: number; largest: number } {
+    let largest = this.outer.size;
+    for (const inner of this.outer.values()) largest = Math.max(largest, inner.size);
+    return { tables: this.outer.size, largest };
+  }
+}
+
 export class PackedExtentMap<V> {
   /** Region number -> the address of its block in the pool (regions with no extent have none). */
-  private readonly regions = new Map<number, number>();
+  private readonly regions = new RegionTable();
   private readonly pool = new SlotPool();
   private count = 0;
   private readonly regionSize: number;
@@ -252,6 +329,9 @@ export class PackedExtentMap<V> {
 
   /** Sources in the table (what it costs besides the regions). */
   get sources(): number { return this.ids.size; }
+
+  /** Regions with extents, and the shape of the table that finds them (RegionTable.shape). */
+  get regionTable(): { regions: number; tables: number; largest: number } { return { regions: this.regions.size, ...this.regions.shape() }; }
 
   /** Bytes of the pool's pages (the map's extents, with the room its blocks keep free). */
   get poolBytes(): number { return this.pool.slots * SLOT_BYTES; }
@@ -658,6 +738,7 @@ export class PackedExtentMap<V> {
       total += n;
     }
     if (total !== this.count) fail(`size ${this.count}, counted ${total}`);
+    if (this.regions.shape().largest > TABLE_SPAN) fail(`a region table holds ${this.regions.shape().largest} regions (at most ${TABLE_SPAN})`);
     const free = this.pool.freeSlots();
     if (free + this.pool.used !== this.pool.slots) fail(`pool: ${this.pool.slots} slots, ${this.pool.used} in blocks, ${free} free`);
     if (!this.cow.isOpen && blockSlots !== this.pool.used) fail(`pool: ${this.pool.used} slots in blocks, the regions have ${blockSlots}`);

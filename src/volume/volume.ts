@@ -525,7 +525,7 @@ export class Volume implements BlockBackend {
     this.highestTokenSeen = c.token;
     this.lastRecordId = c.lastId;
     this.nextSeq = c.seq + 1;
-    this.workingSet = workingSetOf(c, this.size);
+    this.workingSet = await workingSetOf(c, this.size, this.world);
   }
 
   /**
@@ -543,7 +543,7 @@ export class Volume implements BlockBackend {
       const c = await this.readCheckpoint(cp.key);
       if (!c) continue;
       const map = await mapOfCheckpoint(c, this.recoverySize, this.world);
-      const ws = workingSetOf(c, this.size);
+      const ws = await workingSetOf(c, this.size, this.world);
       try {
         await this.replayInto(map, id, c.seq, seq, { fence: c.token, lastId: c.lastId, ws });
         return { map, ws };
@@ -2014,10 +2014,10 @@ function storedRange(p: { fr: FrameIndex | null; off: number; len: number }): { 
   return { off: sp.start, len: sp.end - sp.start };
 }
 
-/** The working set a checkpoint carries (v4), or an empty one (older versions). */
-function workingSetOf(c: CheckpointData, volumeSize: number): WorkingSet {
+/** The working set a checkpoint carries (v4), or an empty one (older versions), taken over a slice at a time. */
+async function workingSetOf(c: CheckpointData, volumeSize: number, world: World): Promise<WorkingSet> {
   const ws = new WorkingSet();
-  if (c.workingSet) ws.load(c.workingSet, volumeSize);
+  if (c.workingSet) await ws.load(c.workingSet, volumeSize, () => world.yield());
   return ws;
 }
 

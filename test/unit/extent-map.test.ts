@@ -1,6 +1,6 @@
 import test from 'ava';
 import { ExtentMap, REGION_SIZE } from '../../cow/extent-map.js';
-import { PackedExtentMap, type LocationCodec } from '../../cow/packed-map.js';
+import { PackedExtentMap, RegionTable, TABLE_SPAN, type LocationCodec } from '../../cow/packed-map.js';
 import { seededRandom } from '../../src/store/decorators.js';
 
 // Values are "source offsets": the byte at volume offset x of an extent set with value v
@@ -492,4 +492,39 @@ test('a frozen walk also pauses when `due` says the chunk took long enough, befo
     t.is(pauses, 0, 'never due, chunk never reached');
     view.close();
   }
+});
+
+test('packed: the region table is a Map of bounded Maps (no rehash grows with the volume): random sets and deletes match a Map, iteration while it changes visits every region that stays', (t) => {
+  const table = new RegionTable();
+  const model = new Map<number, number>();
+  const rnd = seededRandom(12);
+  for (let i = 0; i < 20_000; i++) {
+    const r = Math.floor(rnd() * 6 * TABLE_SPAN);
+    if (rnd() < 0.3) t.is(table.delete(r), model.delete(r));
+    else { table.set(r, i); model.set(r, i); }
+  }
+  t.is(table.size, model.size);
+  for (const [r, a] of model) t.is(table.get(r), a);
+  t.deepEqual([...table.keys()].sort((a, b) => a - b), [...model.keys()].sort((a, b) => a - b));
+  const shape = table.shape();
+  t.true(shape.largest <= TABLE_SPAN && shape.tables >= 6, `no Map holds more than ${TABLE_SPAN} regions (${JSON.stringify(shape)})`);
+  // Iterating while regions are deleted (emptying whole inner tables) and added: the ones that stay are all seen.
+  const stay = new Set([...model.keys()].filter((r) => r % 3 === 0));
+  const seen = new Set<number>();
+  let step = 0;
+  for (const r of table.keys()) {
+    seen.add(r);
+    if (++step % 7 === 0) for (const d of [...model.keys()].slice(0, 50)) if (!stay.has(d)) { table.delete(d); model.delete(d); }
+    if (step % 11 === 0) table.set(6 * TABLE_SPAN + step, step);
+  }
+  for (const r of stay) t.true(seen.has(r), `region ${r} was in the table throughout`);
+});
+
+test('packed: a map of many regions keeps each Map of its region table within TABLE_SPAN regions', (t) => {
+  const m = new PackedExtentMap<L>(CODEC, { regionSize: 4096 });
+  for (let r = 0; r < 3 * TABLE_SPAN + 5; r++) m.append(r * 4096, 4096, r % 2 ? loc('a', r * 4096 + 1) : ZERO_L);
+  m.verify();
+  const rt = m.regionTable;
+  t.is(rt.regions, 3 * TABLE_SPAN + 5);
+  t.true(rt.largest <= TABLE_SPAN, `largest Map ${rt.largest}`);
 });

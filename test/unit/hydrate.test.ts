@@ -22,7 +22,7 @@ import { StoreCatalog } from '../../src/volume/catalog.js';
 import { CHECKPOINT_MAGIC, CHECKPOINT_MAGIC_V4, decodeCheckpoint, encodeCheckpoint, keys, SRC_HOLE } from '../../src/volume/format.js';
 import type { HydrateOptions } from '../../src/volume/hydrate.js';
 import type { Volume, VolumeOptions } from '../../src/volume/volume.js';
-import { WORKING_SET_CHUNK, WorkingSet } from '../../src/volume/working-set.js';
+import { WORKING_SET_CHUNK, WORKING_SET_MAX_CHUNKS, WorkingSet } from '../../src/volume/working-set.js';
 
 const KiB = 1024;
 const MiB = 1024 * KiB;
@@ -129,17 +129,28 @@ test('working set: bounded, most recently used first, a repeated touch moves a c
   t.deepEqual(chunksOf([...ws.ranges(1e9)]).map((c) => c), [2, 1, 7, 9].map((c) => Math.floor((c * 4096) / CHUNK)), 'ranges in recency order');
 });
 
-test('working set: a loaded record is older than what this host touches; other chunk sizes and chunks past the end are mapped or dropped', (t) => {
+test('working set: a loaded record is older than what this host touches; other chunk sizes and chunks past the end are mapped or dropped', async (t) => {
   const ws = new WorkingSet(4096, 100);
   ws.touch(100 * 4096, 1);
-  ws.load({ chunkBytes: 4096, chunks: [5, 3, 100] }, 1000 * 4096);
+  await ws.load({ chunkBytes: 4096, chunks: [5, 3, 100] }, 1000 * 4096);
   t.deepEqual(ws.snapshot().chunks, [100, 5, 3], 'what this host touched stays the most recent');
   t.is(ws.addedSinceSaved, 1, 'loaded chunks are already saved elsewhere');
   const other = new WorkingSet(4096, 100);
-  other.load({ chunkBytes: 8192, chunks: [1, 700] }, 1000 * 4096);
+  await other.load({ chunkBytes: 8192, chunks: [1, 700] }, 1000 * 4096);
   t.deepEqual(other.snapshot().chunks, [2, 3], '8 KiB chunk 1 is 4 KiB chunks 2 and 3; chunk 700 (past the end) is dropped');
   other.touch(3 * 4096, 1);
   t.deepEqual(other.snapshot().chunks, [3, 2]);
+});
+
+test('working set: a full record is taken over a slice at a time (the event loop turns in between), in the same order as at once', async (t) => {
+  const chunks = Array.from({ length: WORKING_SET_MAX_CHUNKS }, (_, i) => (i * 7919) % (4 * WORKING_SET_MAX_CHUNKS));
+  const ws = new WorkingSet();
+  let pauses = 0;
+  await ws.load({ chunkBytes: WORKING_SET_CHUNK, chunks }, 2 ** 40, async () => { pauses++; await new Promise((resolve) => setImmediate(resolve)); });
+  // Two passes of 65,536 steps (map the record, then take it over) at 4,096 a slice.
+  t.true(pauses >= 30, `paused ${pauses} times`);
+  t.deepEqual(ws.snapshot().chunks, chunks, 'most recent first, as recorded');
+  t.is(ws.addedSinceSaved, 0);
 });
 
 test('checkpoint v4 carries the working set; v3 (binary, without it) still reads; a working set of the wrong length is corrupt', async (t) => {
