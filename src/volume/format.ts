@@ -491,9 +491,29 @@ function validChunkBytes(n: unknown): n is number {
   return typeof n === 'number' && Number.isSafeInteger(n) && n >= 4096 && n <= 2 ** 30 && (n & (n - 1)) === 0;
 }
 
-function decodeCheckpointBinary(b: Buffer, key: string, version: 3 | 4 | 5): CheckpointData {
+/** What precedes a binary checkpoint's extents: its header and object table, and where the sections after them begin. */
+interface CheckpointHead {
+  h: CheckpointHeader;
+  objects: CheckpointObject[];
+  /** Byte offset of the first extent; the working set (wsEntries of them) follows the extents. */
+  extentsAt: number;
+  hasWs: boolean;
+  wsEntries: number;
+}
+
+/** A checkpoint's head ran past the bytes at hand (parseCheckpointHead with `partial`: read more). */
+class HeadIncomplete extends Error {}
+
+/**
+ * Parse a binary checkpoint's header and object table from `b`, its first bytes. `partial`:
+ * `b` may be only a prefix of the object: running past its end throws HeadIncomplete (read
+ * a longer prefix); without it, that is corruption.
+ */
+function parseCheckpointHead(b: Buffer, key: string, version: 3 | 4 | 5, partial = false): CheckpointHead {
+  const short = (what: string): never => { throw partial ? new HeadIncomplete(what) : new CorruptError(`${key}: ${what}`); };
+  if (b.length < 12) short('checkpoint header runs past the end');
   const hlen = b.readUInt32BE(8);
-  if (12 + hlen > b.length) throw new CorruptError(`${key}: checkpoint header runs past the end`);
+  if (12 + hlen > b.length) short('checkpoint header runs past the end');
   let h: CheckpointHeader;
   try { h = JSON.parse(b.subarray(12, 12 + hlen).toString('utf8')) as CheckpointHeader; } catch { throw new CorruptError(`${key}: checkpoint header is not JSON`); }
   if (h.v !== version || !Number.isSafeInteger(h.objects) || !Number.isSafeInteger(h.extents) || h.objects < 0 || h.extents < 0) throw new CorruptError(`${key}: unsupported checkpoint header`);
@@ -508,7 +528,7 @@ function decodeCheckpointBinary(b: Buffer, key: string, version: 3 | 4 | 5): Che
   // frame: 128 KiB per GiB of data): read at once.
   const objects: CheckpointObject[] = [];
   let pos = 12 + hlen;
-  const past = (n: number): void => { if (pos + n > b.length) throw new CorruptError(`${key}: checkpoint object table runs past the end`); };
+  const past = (n: number): void => { if (pos + n > b.length) short('checkpoint object table runs past the end'); };
   for (let i = 0; i < h.objects; i++) {
     past(2);
     const klen = b.readUInt16LE(pos);
@@ -535,34 +555,133 @@ function decodeCheckpointBinary(b: Buffer, key: string, version: 3 | 4 | 5): Che
     if (base + idx.stored > size) throw new CorruptError(`${key}: object ${okey}: frames past its end`);
     objects.push([okey, size, idx]);
   }
-  const extentsAt = pos;
-  const wsAt = extentsAt + h.extents * CHECKPOINT_EXTENT_BYTES;
-  const total = wsAt + wsEntries * WORKING_SET_ENTRY_BYTES;
-  if (total !== b.length) throw new CorruptError(`${key}: checkpoint is ${b.length} bytes, its header says ${total}`);
-  let workingSet: WorkingSetData | undefined;
-  if (hasWs) {
-    const chunks = new Array<number>(wsEntries);
-    for (let i = 0; i < wsEntries; i++) chunks[i] = b.readUInt32LE(wsAt + i * WORKING_SET_ENTRY_BYTES);
-    workingSet = { chunkBytes: h.workingSet!.chunkBytes, chunks };
+  return { h, objects, extentsAt: pos, hasWs, wsEntries };
+}
+
+/** The working set section (`entries` chunk indices at `at` in `b`) of a checkpoint whose header is `h`. */
+function workingSetAt(b: Buffer, at: number, head: CheckpointHead): WorkingSetData | undefined {
+  if (!head.hasWs) return undefined;
+  const chunks = new Array<number>(head.wsEntries);
+  for (let i = 0; i < head.wsEntries; i++) chunks[i] = b.readUInt32LE(at + i * WORKING_SET_ENTRY_BYTES);
+  return { chunkBytes: head.h.workingSet!.chunkBytes, chunks };
+}
+
+/**
+ * The extents of one piece of a checkpoint (`count` of them at byte `at` of `b`), checked and
+ * passed to fn in order, awaiting `pause` as forEachExtent says. `state` carries the walk
+ * across pieces: where the previous extent ended, and the extents since the last pause.
+ */
+async function extentsIn(b: Buffer, at: number, count: number, key: string, volumeSize: number, objects: number, fn: (offset: number, length: number, src: number, srcOff: number) => void, pause: () => Promise<void>, chunk: number, due: (() => boolean) | undefined, state: { prevEnd: number; since: number }): Promise<void> {
+  // A DataView, not Buffer's readDoubleLE: that one is a JS function V8 did not inline here,
+  // and a recovery of 10M extents spent about a third of its CPU in it (bench/scale.ts, profiled).
+  const dv = new DataView(b.buffer, b.byteOffset, b.byteLength);
+  for (let i = 0; i < count; i++) {
+    if (++state.since > chunk || ((state.since & 255) === 0 && due?.())) { state.since = 1; await pause(); }
+    const x = at + i * CHECKPOINT_EXTENT_BYTES;
+    const off = dv.getFloat64(x, true);
+    const len = dv.getUint32(x + 8, true);
+    const src = dv.getInt32(x + 12, true);
+    const srcOff = dv.getFloat64(x + 16, true);
+    checkCheckpointExtent(key, volumeSize, objects, off, len, src);
+    if (off < state.prevEnd) throw new CorruptError(`${key}: checkpoint extents out of order at ${off}`);
+    state.prevEnd = off + len;
+    fn(off, len, src, srcOff);
   }
+}
+
+function decodeCheckpointBinary(b: Buffer, key: string, version: 3 | 4 | 5): CheckpointData {
+  const head = parseCheckpointHead(b, key, version);
+  const { h, objects, extentsAt } = head;
+  const wsAt = extentsAt + h.extents * CHECKPOINT_EXTENT_BYTES;
+  const total = wsAt + head.wsEntries * WORKING_SET_ENTRY_BYTES;
+  if (total !== b.length) throw new CorruptError(`${key}: checkpoint is ${b.length} bytes, its header says ${total}`);
+  const workingSet = workingSetAt(b, wsAt, head);
   return {
     v: version, volumeId: h.volumeId, seq: h.seq, token: h.token, ...(h.lastId !== undefined ? { lastId: h.lastId } : {}), objects, extentCount: h.extents,
     ...(workingSet ? { workingSet } : {}),
+    forEachExtent: (volumeSize, fn, pause, chunk = CHECKPOINT_CHUNK, due) =>
+      extentsIn(b, extentsAt, h.extents, key, volumeSize, objects.length, fn, pause, chunk, due, { prevEnd: 0, since: 0 }),
+  };
+}
+
+/** How a checkpoint too big to read at once is read: its size, and any range of it. */
+export interface CheckpointRanges {
+  size: number;
+  read(offset: number, length: number): Promise<Buffer>;
+}
+
+/** A checkpoint larger than this is read a range of this size at a time (readCheckpointInRanges). */
+export const CHECKPOINT_RANGE_BYTES = 8 * 1024 * 1024;
+/** The first read of a checkpoint in ranges: its header and object table are usually within it. */
+const CHECKPOINT_HEAD_BYTES = 1024 * 1024;
+
+/**
+ * Read a v5 checkpoint a range at a time: its head (header and object table) and its tail
+ * (working set and crc) now, its extents `rangeBytes` at a time while forEachExtent walks
+ * them (the next range read while one is decoded). Why: read at once, a checkpoint of 10M
+ * extents is one 216 MiB buffer, whose allocation made V8 run a full GC that held a
+ * recovery's event loop 44-51 ms (bench/scale.ts, profiled), and which a host recovering
+ * several big volumes at once holds for each. In ranges, a recovery holds two ranges.
+ *
+ * The crc covers every byte in order, so it is complete only when the walk ends: the walk
+ * checks it last and throws CorruptError on a mismatch, after fn saw every extent. What fn
+ * built from them is then not the checkpoint's and must be dropped (Volume.resetTo builds
+ * a new map and keeps it only once the walk returned). Every extent is still checked on its
+ * own as it goes (range, order, object), so nothing fn sees is out of range meanwhile.
+ * A checkpoint is written once and never replaced (create-only), so its ranges are of one
+ * version; were it deleted meanwhile, a read throws NotFoundError, like a whole read.
+ *
+ * Returns null for anything but a v5 checkpoint (older ones have no crc: read them whole).
+ */
+export async function readCheckpointInRanges(src: CheckpointRanges, key: string, rangeBytes = CHECKPOINT_RANGE_BYTES): Promise<CheckpointData | null> {
+  const size = src.size;
+  if (size < 16) return null;
+  let headBytes = Math.min(size, CHECKPOINT_HEAD_BYTES);
+  let headBuf = await src.read(0, headBytes);
+  if (!headBuf.subarray(0, 8).equals(CHECKPOINT_MAGIC)) return null;
+  let head: CheckpointHead;
+  for (;;) {
+    try {
+      head = parseCheckpointHead(headBuf.subarray(0, Math.min(headBytes, size - 4)), key, 5, headBytes < size);
+      break;
+    } catch (err) {
+      if (!(err instanceof HeadIncomplete)) throw err;
+      headBytes = Math.min(size, headBytes * 4);
+      headBuf = await src.read(0, headBytes);
+    }
+  }
+  const { h, objects, extentsAt } = head;
+  const wsAt = extentsAt + h.extents * CHECKPOINT_EXTENT_BYTES;
+  const total = wsAt + head.wsEntries * WORKING_SET_ENTRY_BYTES + 4;
+  if (total !== size) throw new CorruptError(`${key}: checkpoint is ${size} bytes, its header says ${total}`);
+  const tail = await src.read(wsAt, size - wsAt);
+  const workingSet = workingSetAt(tail, 0, head);
+  const headPart = headBuf.subarray(0, Math.min(extentsAt, headBuf.length));
+  const perRange = Math.max(1, Math.floor(rangeBytes / CHECKPOINT_EXTENT_BYTES));
+  return {
+    v: 5, volumeId: h.volumeId, seq: h.seq, token: h.token, ...(h.lastId !== undefined ? { lastId: h.lastId } : {}), objects, extentCount: h.extents,
+    ...(workingSet ? { workingSet } : {}),
     forEachExtent: async (volumeSize, fn, pause, chunk = CHECKPOINT_CHUNK, due) => {
-      let prevEnd = 0;
-      let since = 0;
-      for (let i = 0; i < h.extents; i++) {
-        if (++since > chunk || ((since & 255) === 0 && due?.())) { since = 1; await pause(); }
-        const at = extentsAt + i * CHECKPOINT_EXTENT_BYTES;
-        const off = b.readDoubleLE(at);
-        const len = b.readUInt32LE(at + 8);
-        const src = b.readInt32LE(at + 12);
-        const srcOff = b.readDoubleLE(at + 16);
-        checkCheckpointExtent(key, volumeSize, objects.length, off, len, src);
-        if (off < prevEnd) throw new CorruptError(`${key}: checkpoint extents out of order at ${off}`);
-        prevEnd = off + len;
-        fn(off, len, src, srcOff);
+      let crc = crc32(headPart);
+      // The head read may have run into the extents: those come again with their ranges.
+      const state = { prevEnd: 0, since: 0 };
+      const rangeOf = (first: number): Promise<Buffer> => {
+        const n = Math.min(perRange, h.extents - first);
+        return src.read(extentsAt + first * CHECKPOINT_EXTENT_BYTES, n * CHECKPOINT_EXTENT_BYTES);
+      };
+      let next: Promise<Buffer> | null = h.extents > 0 ? rangeOf(0) : null;
+      for (let first = 0; first < h.extents; first += perRange) {
+        const b = await next!;
+        const count = Math.min(perRange, h.extents - first);
+        next = first + perRange < h.extents ? rangeOf(first + perRange) : null;
+        // A read left unawaited when the walk throws must not become an unhandled rejection.
+        next?.catch(() => {});
+        if (b.length !== count * CHECKPOINT_EXTENT_BYTES) throw new CorruptError(`${key}: a range of the checkpoint came back ${b.length} bytes, not ${count * CHECKPOINT_EXTENT_BYTES}`);
+        crc = crc32(b, crc);
+        await extentsIn(b, 0, count, key, volumeSize, objects.length, fn, pause, chunk, due, state);
       }
+      crc = crc32(tail.subarray(0, tail.length - 4), crc);
+      if (crc !== tail.readUInt32LE(tail.length - 4)) throw new CorruptError(`${key}: checkpoint checksum mismatch`);
     },
   };
 }

@@ -44,7 +44,7 @@ import { DurationHistogram } from '../histogram.js';
 import { PUT_ID_META } from '../store/decorators.js';
 import { listAll, type LocalObjects, type ObjectStore } from '../store/object-store.js';
 import {
-  CHECKPOINT_CHUNK, CHUNK_MS, SRC_HOLE, SRC_INLINE, SRC_ZERO, checkCheckpoint, dataSettings, decodeCheckpoint, decodeLogHeader, decodeVolumeRecord, encodeCheckpoint, encodeLogRecord, fenceAfter,
+  CHECKPOINT_CHUNK, CHECKPOINT_RANGE_BYTES, CHUNK_MS, SRC_HOLE, SRC_INLINE, SRC_ZERO, checkCheckpoint, dataSettings, decodeCheckpoint, decodeLogHeader, decodeVolumeRecord, encodeCheckpoint, encodeLogRecord, fenceAfter, readCheckpointInRanges,
   followsChain, framedSegmentRef, inlineFrames, keys, logHeaderEnd, maxOperationMs, recordCounts, segmentFrames, seqFromKey, timeBounds,
   type CheckpointData, type DataSettings, type LogHeader, type RecordExtent, type VolumeRecord, type WorkingSetData,
 } from './format.js';
@@ -211,6 +211,8 @@ export interface VolumeOptions {
   dirtyHardLimit?: number;
   /** Write a checkpoint of the map after this many log records. */
   checkpointEvery?: number;
+  /** A checkpoint bigger than this is read in ranges of this size (readCheckpointInRanges); tests make it small. */
+  checkpointRangeBytes?: number;
   /** Parallel segment uploads per commit. */
   uploadConcurrency?: number;
   /** See maxOperationMs() in format.ts (GC's safety margin); defaults to it. */
@@ -389,6 +391,7 @@ export class Volume implements BlockBackend {
   private readonly softLimit: number;
   private readonly hardLimit: number;
   private readonly checkpointEvery: number;
+  private readonly checkpointRangeBytes: number;
   private readonly uploadConcurrency: number;
   /** GC's time bounds (format.ts timeBounds): a view never reads through a map older than viewMaxAgeMs. */
   private readonly viewMaxAgeMs: number;
@@ -417,6 +420,7 @@ export class Volume implements BlockBackend {
     this.softLimit = opts.dirtySoftLimit ?? 64 * 1024 * 1024;
     this.hardLimit = Math.max(opts.dirtyHardLimit ?? 256 * 1024 * 1024, this.softLimit + 32 * 1024 * 1024);
     this.checkpointEvery = opts.checkpointEvery ?? 64;
+    this.checkpointRangeBytes = opts.checkpointRangeBytes ?? CHECKPOINT_RANGE_BYTES;
     this.uploadConcurrency = opts.uploadConcurrency ?? 16;
     this.viewMaxAgeMs = timeBounds(opts.maxOperationMs ?? maxOperationMs()).viewMaxAgeMs;
     this.data = dataSettings(record);
@@ -476,9 +480,8 @@ export class Volume implements BlockBackend {
     // the open: falling back on a transient error ends in a misleading "record missing".
     const cps = (await listAll(this.store, keys.checkpointPrefix(this.id))).reverse();
     for (const cp of cps) {
-      const c = await this.readCheckpoint(cp.key);
-      if (!c) continue;
-      await this.resetTo(c);
+      const c = await this.readCheckpoint(cp.key, cp.size);
+      if (!c || !(await this.resetTo(c, cp.key))) continue;
       try {
         const replayed = await this.replayLog();
         this.lastCheckpointSeq = c.seq;
@@ -506,26 +509,52 @@ export class Volume implements BlockBackend {
     this.log.info({ seq: this.nextSeq - 1, checkpoint: 0, base, replayed, extents: this.committed.size, ms: Math.round(this.world.now() - t0) }, 'volume recovered');
   }
 
-  /** A checkpoint, or null if it is corrupt or gone (then an older one may be tried). */
-  private async readCheckpoint(key: string): Promise<CheckpointData | null> {
+  /**
+   * A checkpoint (`size` bytes, as listed), or null if it is corrupt or gone (then an older
+   * one may be tried). A big one is read in ranges as its extents are walked: then its crc is
+   * checked, and a read may find it gone, only during the walk (mapOf says so).
+   */
+  private async readCheckpoint(key: string, size: number): Promise<CheckpointData | null> {
     try {
+      if (size > this.checkpointRangeBytes) {
+        const ranged = await readCheckpointInRanges({ size, read: (offset, length) => this.store.get(key, { offset, length }) }, key, this.checkpointRangeBytes);
+        if (ranged) return ranged;
+      }
       const body = await this.store.get(key);
       await checkCheckpoint(body, key, () => this.world.yield());
       return decodeCheckpoint(body, key, { crcChecked: true });
     } catch (err) {
-      if (!(err instanceof CorruptError) && !(err instanceof NotFoundError)) throw err;
+      if (!unusableCheckpoint(err)) throw err;
       this.log.warn({ key, err: errorMessage(err) }, 'skipping unreadable checkpoint');
       return null;
     }
   }
 
-  /** Start from checkpoint `c` of this volume. */
-  private async resetTo(c: CheckpointData): Promise<void> {
-    this.committed = await mapOfCheckpoint(c, this.recoverySize, this.world);
+  /**
+   * The map checkpoint `c` holds, or null if the walk found it unusable (a checkpoint read in
+   * ranges is checked as it is walked: its crc at the end, and it may be found gone; the map
+   * built so far is then dropped, and an older checkpoint may be tried).
+   */
+  private async mapOf(c: CheckpointData, key: string): Promise<PackedExtentMap<Loc> | null> {
+    try {
+      return await mapOfCheckpoint(c, this.recoverySize, this.world);
+    } catch (err) {
+      if (!unusableCheckpoint(err)) throw err;
+      this.log.warn({ key, err: errorMessage(err) }, 'skipping unreadable checkpoint');
+      return null;
+    }
+  }
+
+  /** Start from checkpoint `c` of this volume; false (nothing changed) if it turned out unusable. */
+  private async resetTo(c: CheckpointData, key: string): Promise<boolean> {
+    const map = await this.mapOf(c, key);
+    if (!map) return false;
+    this.committed = map;
     this.highestTokenSeen = c.token;
     this.lastRecordId = c.lastId;
     this.nextSeq = c.seq + 1;
     this.workingSet = await workingSetOf(c, this.size, this.world);
+    return true;
   }
 
   /**
@@ -540,9 +569,10 @@ export class Volume implements BlockBackend {
     // this recovery read then does not change when the ancestor is written: gc.ts).
     const cps = (await listAll(this.store, keys.checkpointPrefix(id), { endAt: keys.checkpoint(id, seq) })).filter((o) => seqFromKey(o.key) <= seq).reverse();
     for (const cp of cps) {
-      const c = await this.readCheckpoint(cp.key);
+      const c = await this.readCheckpoint(cp.key, cp.size);
       if (!c) continue;
-      const map = await mapOfCheckpoint(c, this.recoverySize, this.world);
+      const map = await this.mapOf(c, cp.key);
+      if (!map) continue;
       const ws = await workingSetOf(c, this.size, this.world);
       try {
         await this.replayInto(map, id, c.seq, seq, { fence: c.token, lastId: c.lastId, ws });
@@ -2013,6 +2043,9 @@ function storedRange(p: { fr: FrameIndex | null; off: number; len: number }): { 
   const sp = p.fr.span(p.off, p.len);
   return { off: sp.start, len: sp.end - sp.start };
 }
+
+/** A checkpoint that failed with this is unusable (corrupt, or gone): an older one may be tried. Any other error fails the open. */
+const unusableCheckpoint = (err: unknown): boolean => err instanceof CorruptError || err instanceof NotFoundError;
 
 /** The working set a checkpoint carries (v4), or an empty one (older versions), taken over a slice at a time. */
 async function workingSetOf(c: CheckpointData, volumeSize: number, world: World): Promise<WorkingSet> {

@@ -514,3 +514,42 @@ test('walks of the whole committed map (compaction planning, GC, accounting) let
   t.is(extents, v.stats().extents);
   t.true(ticks >= 6, `turns of the event loop during two walks of ${extents} extents: ${ticks}`);
 });
+
+test('a big checkpoint is read in ranges as recovery walks it; one damaged past its head is found by the walk and an older checkpoint is used', async (t) => {
+  const mem = new MemoryObjectStore();
+  let rangedCheckpointGets = 0;
+  class Spy extends FaultyObjectStore {
+    override get(key: string, range?: { offset: number; length: number }): Promise<Buffer> {
+      if (range && key.includes('/checkpoint/')) rangedCheckpointGets++;
+      return super.get(key, range);
+    }
+  }
+  const store = new Spy(mem);
+  // Checkpoints of a few hundred bytes count as big here: read 200 bytes (8 extents) at a time.
+  const { open } = await setup(store, 64 * MiB, { checkpointEvery: 5, checkpointRangeBytes: 200 });
+  const v = await open();
+  for (let i = 0; i < 23; i++) {
+    await v.write(i * 3 * 8192, pattern(300 + i, 5000), false);
+    await v.flush();
+  }
+  const ref = await v.read(0, 1 * MiB);
+  const volId = v.volumeId;
+  await v.close();
+  const cps = (await listAll(mem, `vol/${volId}/checkpoint/`)).map((o) => o.key);
+  t.true(cps.length >= 2, `checkpoints: ${cps.join(', ')}`);
+
+  const v2 = await open();
+  same(t, await v2.read(0, 1 * MiB), ref, 'recovered from a checkpoint read in ranges');
+  t.true(rangedCheckpointGets >= 3, `${rangedCheckpointGets} ranged checkpoint reads`);
+  await v2.close();
+
+  // Damage the newest checkpoint in its last extents (past the part its first read holds).
+  const newest = cps[cps.length - 1]!;
+  const body = Buffer.from(await mem.get(newest));
+  body[body.length - 40]! ^= 0x10;
+  await mem.delete(newest);
+  await mem.put(newest, body);
+  const v3 = await open();
+  same(t, await v3.read(0, 1 * MiB), ref, 'recovered from the checkpoint before it and the log');
+  await v3.close();
+});
