@@ -246,21 +246,26 @@ async function oneSize(asked: number, root: string): Promise<SizeResult> {
   // Recovery on a new host: a new catalog, nothing of the volume in memory. RECOVERIES times
   // (the stall of one recovery is a tail on a shared machine: several samples from one build);
   // the table shows the one with the longest event-loop delay, the log every one.
-  const recoveries: Awaited<ReturnType<typeof withDelay<Volume>>>[] = [];
+  // Only the last recovered volume is kept: each holds a map of hundreds of MiB, and a host
+  // that recovers a volume has let go of the ones it closed.
+  const recoveries: Array<{ ms: number } & Delay> = [];
   const profiler = PROFILE_DIR ? await startProfiler() : null;
+  let w: Volume | null = null;
   for (let i = 0; i < RECOVERIES; i++) {
-    if (i > 0) {
-      await recoveries[i - 1]!.value.close();
+    if (w) {
+      await w.close();
+      w = null;
       gc();
       await new Promise((resolve) => setTimeout(resolve, 1000));
     }
     const one = await withDelay(async () => (await cat().open('v', { readOnly: true })).backend as Volume);
-    log(`  recovery${RECOVERIES > 1 ? ` ${i + 1} of ${RECOVERIES}` : ''}: ${fmt(one.ms)} ms (${one.value.stats().extents.toLocaleString('en-US')} extents), ${delayLog(one)}`);
-    recoveries.push(one);
+    w = one.value;
+    log(`  recovery${RECOVERIES > 1 ? ` ${i + 1} of ${RECOVERIES}` : ''}: ${fmt(one.ms)} ms (${w.stats().extents.toLocaleString('en-US')} extents), ${delayLog(one)}`);
+    recoveries.push({ ms: one.ms, ...pick(one) });
   }
   if (profiler) log(`  recoveries' CPU profile: ${await profiler.stop(path.join(PROFILE_DIR, `recovery-${asked}.cpuprofile`))}`);
   const rec = recoveries.reduce((a, b) => (b.maxDelayMs > a.maxDelayMs ? b : a));
-  const w = recoveries[recoveries.length - 1]!.value;
+  if (!w) throw new Error('no recovery ran');
   const { phase: plan, fio: planFio } = await withFio(w, dir, 'plan', () => w.compactionCandidates(0.5));
   log(`  compaction planning: ${fmt(plan.ms)} ms, ${delayLog(plan)}${fioLog(planFio)}`);
   // Serving: random 4 KiB reads, each resolved through the map (most land on zero extents or
