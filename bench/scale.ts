@@ -237,11 +237,17 @@ async function oneSize(asked: number, root: string): Promise<SizeResult> {
   // The writer's part in a function of its own: once it returns, nothing of the first volume
   // stays reachable (its map would double the heap a new host recovers into).
   const built = await buildAndCheckpoint(asked, store, cat, dir);
-  gc();
   // Let the writer's memory go before timing a new host: freeing its hundreds of MiB of
   // buffers (the map's pool, the checkpoint it wrote) shows as event-loop gaps of 10-50 ms
-  // here, which a new host does not have.
-  await new Promise((resolve) => setTimeout(resolve, 1000));
+  // here, which a new host does not have. Twice, with time between: what one full GC leaves
+  // to finish later (array buffers are swept after it) is done before the timing starts.
+  const settle = async (): Promise<void> => {
+    for (let i = 0; i < 2; i++) {
+      gc();
+      await new Promise((resolve) => setTimeout(resolve, 1000));
+    }
+  };
+  await settle();
 
   // Recovery on a new host: a new catalog, nothing of the volume in memory. RECOVERIES times
   // (the stall of one recovery is a tail on a shared machine: several samples from one build);
@@ -261,9 +267,7 @@ async function oneSize(asked: number, root: string): Promise<SizeResult> {
       const t0 = performance.now();
       gc();
       releaseMs.push(performance.now() - t0);
-      await new Promise((resolve) => setTimeout(resolve, 1000));
-      gc();
-      await new Promise((resolve) => setTimeout(resolve, 1000));
+      await settle();
     }
     const one = await withDelay(async () => (await cat().open('v', { readOnly: true })).backend as Volume);
     w = one.value;
