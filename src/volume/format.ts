@@ -366,7 +366,10 @@ export interface Checkpoint {
  *   | extents: per extent 24 bytes: f64 LE offset, u32 LE length, i32 LE source (object index,
  *     SRC_HOLE or SRC_ZERO), f64 LE offset in the object; in volume order, not overlapping
  *   | v4 only: the working set, per entry u32 LE chunk index (volume offset / chunkBytes),
- *     most recently used first (header `workingSet`: chunkBytes and the entry count).
+ *     most recently used first (header `workingSet`: chunkBytes and the entry count). In v5,
+ *     header `workingSet.boot` (optional) says how many leading entries are the boot set
+ *     (first touched after the volume opened, in that order; src/volume/working-set.ts); a
+ *     reader that does not know it takes them for the most recent chunks.
  *
  * v3 ("BATONCP3", header v 3) is the same without the working set; both are read. The working
  * set is a hint (what the writer read and wrote lately, src/volume/working-set.ts): a new host
@@ -397,7 +400,7 @@ export interface CheckpointHeader {
   objects: number;
   extents: number;
   /** v4 (always), v5 (when present): the working set section that follows the extents. */
-  workingSet?: { chunkBytes: number; entries: number };
+  workingSet?: { chunkBytes: number; entries: number; boot?: number };
 }
 
 /** An object a checkpoint names: key, stored size, and its frame index if it is framed (v5). */
@@ -407,6 +410,8 @@ export type CheckpointObject = [key: string, size: number, frames?: FrameIndex |
 export interface WorkingSetData {
   chunkBytes: number;
   chunks: number[];
+  /** The boot set (working-set.ts): chunks in the order first touched after the volume opened; hydrated first. */
+  boot?: number[];
 }
 
 /** A decoded checkpoint of any version: its header, objects, and its extents read a chunk at a time. */
@@ -522,6 +527,7 @@ function parseCheckpointHead(b: Buffer, key: string, version: 3 | 4 | 5, partial
   if (hasWs) {
     const ws = h.workingSet;
     if (!ws || !validChunkBytes(ws.chunkBytes) || !Number.isSafeInteger(ws.entries) || ws.entries < 0) throw new CorruptError(`${key}: checkpoint working set header is invalid`);
+    if (ws.boot !== undefined && !(Number.isSafeInteger(ws.boot) && ws.boot >= 0 && ws.boot <= ws.entries)) throw new CorruptError(`${key}: checkpoint boot set header is invalid`);
     wsEntries = ws.entries;
   }
   // The object table is small (one entry per object, and for framed objects 4 bytes per
@@ -561,9 +567,11 @@ function parseCheckpointHead(b: Buffer, key: string, version: 3 | 4 | 5, partial
 /** The working set section (`entries` chunk indices at `at` in `b`) of a checkpoint whose header is `h`. */
 function workingSetAt(b: Buffer, at: number, head: CheckpointHead): WorkingSetData | undefined {
   if (!head.hasWs) return undefined;
-  const chunks = new Array<number>(head.wsEntries);
-  for (let i = 0; i < head.wsEntries; i++) chunks[i] = b.readUInt32LE(at + i * WORKING_SET_ENTRY_BYTES);
-  return { chunkBytes: head.h.workingSet!.chunkBytes, chunks };
+  const all = new Array<number>(head.wsEntries);
+  for (let i = 0; i < head.wsEntries; i++) all[i] = b.readUInt32LE(at + i * WORKING_SET_ENTRY_BYTES);
+  // The boot set leads the entries (so a reader that knows no boot set takes it for the most recent chunks: still a fair hint).
+  const boot = head.h.workingSet!.boot ?? 0;
+  return { chunkBytes: head.h.workingSet!.chunkBytes, chunks: boot > 0 ? all.slice(boot) : all, ...(boot > 0 ? { boot: all.slice(0, boot) } : {}) };
 }
 
 /**
@@ -703,7 +711,8 @@ export async function encodeCheckpoint(
 ): Promise<Buffer> {
   if (workingSet) {
     if (!validChunkBytes(workingSet.chunkBytes)) throw new RangeError(`working set chunk size ${workingSet.chunkBytes} is not a power of two from 4 KiB to 1 GiB`);
-    for (const c of workingSet.chunks) if (!(Number.isInteger(c) && c >= 0 && c <= 0xffffffff)) throw new RangeError(`working set chunk ${c} does not fit in 32 bits`);
+    for (const c of [...(workingSet.boot ?? []), ...workingSet.chunks]) if (!(Number.isInteger(c) && c >= 0 && c <= 0xffffffff)) throw new RangeError(`working set chunk ${c} does not fit in 32 bits`);
+    if (workingSet.boot?.length && version !== 5) throw new RangeError(`a v${version} checkpoint carries no boot set`);
   }
   if (version === 4 && !workingSet) throw new RangeError('a v4 checkpoint has a working set');
   if (version === 3 && workingSet) throw new RangeError('a v3 checkpoint has no working set');
@@ -722,12 +731,15 @@ export async function encodeCheckpoint(
       tableBytes += 2 + Buffer.byteLength(key) + 8 + (version === 5 ? 1 + (fr ? 24 + 4 * fr.frames : 0) : 0);
     }
   }, pause);
-  const ws = workingSet ? { workingSet: { chunkBytes: workingSet.chunkBytes, entries: workingSet.chunks.length } } : {};
+  // The boot set leads the working set's entries (workingSetAt).
+  const wsEntries = workingSet ? [...(workingSet.boot ?? []), ...workingSet.chunks] : [];
+  const bootCount = workingSet?.boot?.length ?? 0;
+  const ws = workingSet ? { workingSet: { chunkBytes: workingSet.chunkBytes, entries: wsEntries.length, ...(bootCount > 0 ? { boot: bootCount } : {}) } } : {};
   const h: CheckpointHeader = { v: version, ...header, objects: index.size, extents, ...ws };
   const hjson = Buffer.from(JSON.stringify(h));
   const extentsAt = 12 + hjson.length + tableBytes;
   const wsAt = extentsAt + extents * CHECKPOINT_EXTENT_BYTES;
-  const end = wsAt + (workingSet ? workingSet.chunks.length * WORKING_SET_ENTRY_BYTES : 0);
+  const end = wsAt + wsEntries.length * WORKING_SET_ENTRY_BYTES;
   const out = Buffer.allocUnsafe(end + (version === 5 ? 4 : 0));
   (version === 5 ? CHECKPOINT_MAGIC : version === 4 ? CHECKPOINT_MAGIC_V4 : CHECKPOINT_MAGIC_V3).copy(out, 0);
   out.writeUInt32BE(hjson.length, 8);
@@ -766,7 +778,7 @@ export async function encodeCheckpoint(
     n++;
   }, pause);
   if (n !== extents) throw new Error(`checkpoint: the walks disagree (${extents} then ${n} extents)`);
-  if (workingSet) workingSet.chunks.forEach((c, k) => out.writeUInt32LE(c, wsAt + k * WORKING_SET_ENTRY_BYTES));
+  wsEntries.forEach((c, k) => out.writeUInt32LE(c, wsAt + k * WORKING_SET_ENTRY_BYTES));
   if (version === 5) {
     let c = 0;
     for (let at = 0; at < end; at += CRC_SLICE) {

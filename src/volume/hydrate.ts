@@ -1,7 +1,8 @@
 /**
  * Hydration: a host that opens a volume fetches, in the background, what the volume's last
  * holder was working on (its working set, src/volume/working-set.ts, recorded in the newest
- * checkpoint and the log after it), most recently used first, into the block cache, so the
+ * checkpoint and the log after it), its boot set first (what the last session's guest read
+ * first after attaching: its mount) and then most recently used first, into the block cache, so the
  * guest's next reads hit the cache instead of waiting for the store one block at a time.
  * `all` goes on with the rest of the volume's data afterwards.
  *

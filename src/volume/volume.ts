@@ -444,6 +444,8 @@ export class Volume implements BlockBackend {
   static async open(record: VolumeRecord, opts: VolumeOptions): Promise<Volume> {
     const v = new Volume(record, opts);
     await v.recover();
+    // From here on the guest's reads and writes are this session's (its boot set: working-set.ts).
+    v.workingSet.beginSession();
     // A writer without a lease commits under the fence it recovered: it fences nobody, and
     // its acknowledged records must count at the next recovery (token 0 would be ignored
     // below an earlier lease holder's takeover). A lease holder's takeover() replaces it.
@@ -869,7 +871,7 @@ export class Volume implements BlockBackend {
     this.checkReadable();
     if (this.followsLog) await this.refreshIfStale();
     const out = into ?? Buffer.allocUnsafe(length);
-    this.workingSet.touch(offset, length);
+    this.workingSet.touch(offset, length, true);
     const streak = this.sequentialStreak(offset, length);
     if (streak >= PREFETCH_STREAK && !this.local) this.prefetchAhead(offset + length);
     const fetches: { key: string; size: number; off: number; len: number; outOff: number; fr: FrameIndex | null }[] = [];

@@ -22,7 +22,7 @@ import { StoreCatalog } from '../../src/volume/catalog.js';
 import { CHECKPOINT_MAGIC, CHECKPOINT_MAGIC_V4, decodeCheckpoint, encodeCheckpoint, keys, SRC_HOLE } from '../../src/volume/format.js';
 import type { HydrateOptions } from '../../src/volume/hydrate.js';
 import type { Volume, VolumeOptions } from '../../src/volume/volume.js';
-import { WORKING_SET_CHUNK, WORKING_SET_MAX_CHUNKS, WorkingSet } from '../../src/volume/working-set.js';
+import { BOOT_MAX_CHUNKS, WORKING_SET_CHUNK, WORKING_SET_MAX_CHUNKS, WorkingSet } from '../../src/volume/working-set.js';
 
 const KiB = 1024;
 const MiB = 1024 * KiB;
@@ -114,6 +114,7 @@ function keyAt(v: Volume, off: number): string {
 }
 
 const chunksOf = (ranges: { offset: number; length: number }[]): number[] => ranges.map((r) => Math.floor(r.offset / CHUNK));
+const chunksOf4k = (ranges: { offset: number; length: number }[]): number[] => ranges.map((r) => r.offset / 4096);
 
 // ------------------------------------------------------------------ the record
 
@@ -662,4 +663,67 @@ test('CACHE requests (baton prefetch) warm the block cache and count in the work
   watch.gets.length = 0;
   for (const [i, off] of offsets.entries()) t.true((await w.read(off, CHUNK)).equals(data[i]!));
   t.is(watch.gets.length, 0);
+});
+
+test('boot set: what a session touches first after the volume opened, in that order, capped; not what recovery replayed; hydrated first; carried by checkpoints (or passed on)', async (t) => {
+  const ws = new WorkingSet(4096, 1000);
+  ws.touch(50 * 4096, 1); // before the session: a replay's touch
+  ws.beginSession();
+  for (const c of [7, 3, 7, 9, 3]) ws.touch(c * 4096, 1, true);
+  ws.touch(60 * 4096, 1); // a write: nothing to fetch for it
+  ws.touch(2 * 4096 - 1, 2, true); // chunks 1 and 2
+  t.deepEqual([...ws.bootChunks()], [7, 3, 9, 1, 2], 'first read order, each once, writes not');
+  t.deepEqual(ws.snapshot().boot, [7, 3, 9, 1, 2]);
+  t.deepEqual(ws.snapshot().chunks, [2, 1, 60, 3, 9, 7, 50], 'recency is unchanged');
+  t.deepEqual(chunksOf4k([...ws.ranges(1e9)]), [7, 3, 9, 1, 2, 60, 50], 'the boot set first, then the rest by recency');
+  const many = new WorkingSet(4096, 100_000);
+  many.beginSession();
+  for (let c = 0; c < BOOT_MAX_CHUNKS + 50; c++) many.touch(c * 4096, 1, true);
+  t.is(many.bootChunks().length, BOOT_MAX_CHUNKS);
+
+  // The next holder: loads it, hydrates it first, and passes it on until it has its own.
+  const next = new WorkingSet(4096, 1000);
+  await next.load(ws.snapshot(), 1000 * 4096);
+  next.beginSession();
+  t.deepEqual([...next.bootChunks()], [7, 3, 9, 1, 2]);
+  t.deepEqual(next.snapshot().boot, [7, 3, 9, 1, 2], 'a holder that served nothing passes its predecessor\'s on');
+  next.touch(300 * 4096, 1);
+  t.deepEqual(next.snapshot().boot, [7, 3, 9, 1, 2], 'a write does not start one');
+  next.touch(400 * 4096, 1, true);
+  t.deepEqual(next.snapshot().boot, [400], 'its own, once it has one');
+});
+
+test('boot set in a checkpoint: it leads the working set entries (a reader that does not know it takes it for recent chunks), and round trips', async (t) => {
+  const header = { volumeId: 'x', seq: 1, token: 1, time: new Date(0).toISOString() };
+  const walk = async (fn: (o: number, l: number, k: string | null, s: number, so: number, size: number) => void): Promise<void> => { fn(0, 4096, null, SRC_HOLE, 0, 0); };
+  const ws = { chunkBytes: CHUNK, chunks: [5, 6], boot: [9, 8] };
+  const b = await encodeCheckpoint(header, walk, async () => {}, ws);
+  t.deepEqual(decodeCheckpoint(b, 'k').workingSet, ws);
+  const hlen = b.readUInt32BE(8);
+  const h = JSON.parse(b.subarray(12, 12 + hlen).toString('utf8')) as { workingSet: { entries: number; boot: number } };
+  t.deepEqual(h.workingSet, { chunkBytes: CHUNK, entries: 4, boot: 2 });
+  const entries = [0, 1, 2, 3].map((i) => b.readUInt32LE(b.length - 4 - 16 + 4 * i));
+  t.deepEqual(entries, [9, 8, 5, 6], 'boot set first, then the chunks most recent first');
+  const noBoot = await encodeCheckpoint(header, walk, async () => {}, { chunkBytes: CHUNK, chunks: [5, 6] });
+  t.deepEqual(decodeCheckpoint(noBoot, 'k').workingSet, { chunkBytes: CHUNK, chunks: [5, 6] });
+});
+
+test('a new host hydrates first what the last holder\'s guest read first (its mount), though its later work made those parts the least recent', async (t) => {
+  const store = new MemoryObjectStore();
+  const a = host(store);
+  await a.catalog.create('v', 64 * MiB);
+  const setup = await a.open();
+  for (const m of [0, 1, 20, 30, 40, 50]) await setup.write(m * MiB, pattern(m, 4096), false);
+  await setup.close();
+  // The session whose boot set counts: a "mount" reads 0 and 1 MiB, then work reads the rest
+  // again and again and writes (as a mount does: else no record, and no checkpoint at close).
+  const v = await a.open();
+  await v.read(0, 4096);
+  await v.read(1 * MiB, 4096);
+  for (let round = 0; round < 3; round++) for (const m of [20, 30, 40, 50]) await v.read(m * MiB, 4096);
+  await v.write(60 * MiB, pattern(60, 4096), false);
+  await v.close();
+  const b = await host(store).open();
+  const plan = chunksOf(b.hydrationPlan('working-set'));
+  t.deepEqual(plan, [0, 1, 20, 30, 40, 50, 60].map((m) => (m * MiB) / CHUNK), 'the boot set (what the guest read, first read first) before the rest (the write), though recency is the other way round');
 });
