@@ -35,7 +35,7 @@ import { NBD_STATE_HOLE, NBD_STATE_ZERO } from '../../nbd/constants.js';
 import { ExtentMap, REGION_SIZE, type FrozenExtentMap, type Piece } from '../../cow/extent-map.js';
 import { PackedExtentMap, type LocationCodec } from '../../cow/packed-map.js';
 import type { BlockCache } from '../cache.js';
-import { BatonError, ChecksumError, CorruptError, KeyError, FencedError, LeaseLostError, NotFoundError, PreconditionFailedError, ReadOnlyError, ShutdownError, errorMessage } from '../errors.js';
+import { BatonError, ChecksumError, CorruptError, KeyError, FencedError, LeaseLostError, NotFoundError, OutOfRangeError, PreconditionFailedError, ReadOnlyError, ShutdownError, errorMessage } from '../errors.js';
 import { randomId, systemWorld, type TimerHandle, type World } from '../clock.js';
 import type { Logger } from '../log.js';
 import { Hydration, type HydrateOptions, type HydrationStatus, type ObjectPiece } from './hydrate.js';
@@ -519,7 +519,11 @@ export class Volume implements BlockBackend {
   private async readCheckpoint(key: string, size: number): Promise<CheckpointData | null> {
     try {
       if (size > this.checkpointRangeBytes) {
-        const ranged = await readCheckpointInRanges({ size, read: (offset, length) => this.store.get(key, { offset, length }) }, key, this.checkpointRangeBytes);
+        // A range past the object's end: it is not the object listed (gone and made again since): unusable, as if gone.
+        const read = (offset: number, length: number): Promise<Buffer> => this.store.get(key, { offset, length }).catch((err: unknown) => {
+          throw err instanceof OutOfRangeError ? new CorruptError(`${key}: not the ${size} bytes listed (${errorMessage(err)})`) : err;
+        });
+        const ranged = await readCheckpointInRanges({ size, read }, key, this.checkpointRangeBytes);
         if (ranged) return ranged;
       }
       const body = await this.store.get(key);
