@@ -43,7 +43,7 @@ export class WorkingSet {
   private newest = -1;
   /** Chunks that entered the record since the last checkpoint took it (markSaved). */
   private added = 0;
-  /** This session's boot set (see the header), in the order first touched; recorded once beginSession was called. */
+  /** This session's boot set (see the header), in the order first read; recorded once beginSession was called. */
   private readonly boot: number[] = [];
   private readonly bootSeen = new Set<number>();
   private recordingBoot = false;
@@ -70,7 +70,8 @@ export class WorkingSet {
     const first = Math.floor(offset / this.chunkBytes);
     const last = Math.floor((offset + length - 1) / this.chunkBytes);
     const boot = read && this.recordingBoot && this.boot.length < BOOT_MAX_CHUNKS;
-    if (first === last && first === this.newest && !boot) return;
+    // The chunk touched last, again (sequential small reads): nothing changes, unless a read makes it enter the boot set.
+    if (first === last && first === this.newest && (!boot || this.bootSeen.has(first))) return;
     for (let c = first; c <= last; c++) this.touchChunk(c, boot);
   }
 
