@@ -295,14 +295,17 @@ test('forks and snapshots inherit their parent\'s working set at the fork point'
   await a.catalog.snapshot('v', 's');
   const f = await host(store).open('f');
   t.deepEqual(f.workingSetSnapshot().chunks, parentPlan, 'the fork (no checkpoint of its own yet) starts from the parent\'s');
+  t.deepEqual(f.workingSetSnapshot().boot, [(5 * MiB) / CHUNK], 'and its boot set (what the parent\'s session read)');
   const s = (await host(store).catalog.open('v@s', { readOnly: true })).volume!;
   t.deepEqual(s.workingSetSnapshot().chunks, parentPlan, 'the snapshot too');
+  t.deepEqual(s.workingSetSnapshot().boot, [(5 * MiB) / CHUNK]);
   // The fork's own first checkpoint carries what it inherited, then what it did itself.
   await f.read(40 * MiB, 4096);
   await f.write(41 * MiB, pattern(9, 4096), true);
   await f.close();
   const f2 = await host(store).open('f');
   t.deepEqual(f2.workingSetSnapshot().chunks, [41, 40, 5, 9, 2].map((m) => (m * MiB) / CHUNK));
+  t.deepEqual(f2.workingSetSnapshot().boot, [(40 * MiB) / CHUNK], 'the fork\'s own boot set once its session read');
 });
 
 // ------------------------------------------------------------------ hydration
