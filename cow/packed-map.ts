@@ -738,7 +738,8 @@ export class PackedExtentMap<V> {
       total += n;
     }
     if (total !== this.count) fail(`size ${this.count}, counted ${total}`);
-    if (this.regions.shape().largest > TABLE_SPAN) fail(`a region table holds ${this.regions.shape().largest} regions (at most ${TABLE_SPAN})`);
+    const { largest } = this.regions.shape();
+    if (largest > TABLE_SPAN) fail(`a region table holds ${largest} regions (at most ${TABLE_SPAN})`);
     const free = this.pool.freeSlots();
     if (free + this.pool.used !== this.pool.slots) fail(`pool: ${this.pool.slots} slots, ${this.pool.used} in blocks, ${free} free`);
     if (!this.cow.isOpen && blockSlots !== this.pool.used) fail(`pool: ${this.pool.used} slots in blocks, the regions have ${blockSlots}`);

@@ -368,7 +368,7 @@ export interface Checkpoint {
  *   | v4 only: the working set, per entry u32 LE chunk index (volume offset / chunkBytes),
  *     most recently used first (header `workingSet`: chunkBytes and the entry count). In v5,
  *     header `workingSet.boot` (optional) says how many leading entries are the boot set
- *     (first touched after the volume opened, in that order; src/volume/working-set.ts); a
+ *     (first read after the volume opened, in that order; src/volume/working-set.ts); a
  *     reader that does not know it takes them for the most recent chunks.
  *
  * v3 ("BATONCP3", header v 3) is the same without the working set; both are read. The working
@@ -410,7 +410,7 @@ export type CheckpointObject = [key: string, size: number, frames?: FrameIndex |
 export interface WorkingSetData {
   chunkBytes: number;
   chunks: number[];
-  /** The boot set (working-set.ts): chunks in the order first touched after the volume opened; hydrated first. */
+  /** The boot set (working-set.ts): chunks in the order first read after the volume opened; hydrated first. */
   boot?: number[];
 }
 
@@ -711,9 +711,11 @@ export async function encodeCheckpoint(
 ): Promise<Buffer> {
   if (workingSet) {
     if (!validChunkBytes(workingSet.chunkBytes)) throw new RangeError(`working set chunk size ${workingSet.chunkBytes} is not a power of two from 4 KiB to 1 GiB`);
-    for (const c of [...(workingSet.boot ?? []), ...workingSet.chunks]) if (!(Number.isInteger(c) && c >= 0 && c <= 0xffffffff)) throw new RangeError(`working set chunk ${c} does not fit in 32 bits`);
     if (workingSet.boot?.length && version !== 5) throw new RangeError(`a v${version} checkpoint carries no boot set`);
   }
+  // The boot set leads the working set's entries (workingSetAt).
+  const wsEntries = workingSet ? [...(workingSet.boot ?? []), ...workingSet.chunks] : [];
+  for (const c of wsEntries) if (!(Number.isInteger(c) && c >= 0 && c <= 0xffffffff)) throw new RangeError(`working set chunk ${c} does not fit in 32 bits`);
   if (version === 4 && !workingSet) throw new RangeError('a v4 checkpoint has a working set');
   if (version === 3 && workingSet) throw new RangeError('a v3 checkpoint has no working set');
   const index = new Map<string, number>();
@@ -731,8 +733,6 @@ export async function encodeCheckpoint(
       tableBytes += 2 + Buffer.byteLength(key) + 8 + (version === 5 ? 1 + (fr ? 24 + 4 * fr.frames : 0) : 0);
     }
   }, pause);
-  // The boot set leads the working set's entries (workingSetAt).
-  const wsEntries = workingSet ? [...(workingSet.boot ?? []), ...workingSet.chunks] : [];
   const bootCount = workingSet?.boot?.length ?? 0;
   const ws = workingSet ? { workingSet: { chunkBytes: workingSet.chunkBytes, entries: wsEntries.length, ...(bootCount > 0 ? { boot: bootCount } : {}) } } : {};
   const h: CheckpointHeader = { v: version, ...header, objects: index.size, extents, ...ws };

@@ -516,8 +516,8 @@ export class Volume implements BlockBackend {
    * one may be tried). A big one is read in ranges as its extents are walked: then its crc is
    * checked, and a read may find it gone, only during the walk (mapOf says so).
    */
-  private async readCheckpoint(key: string, size: number): Promise<CheckpointData | null> {
-    try {
+  private readCheckpoint(key: string, size: number): Promise<CheckpointData | null> {
+    return this.unlessUnusable(key, async () => {
       if (size > this.checkpointRangeBytes) {
         // A range past the object's end: it is not the object listed (gone and made again since): unusable, as if gone.
         const read = (offset: number, length: number): Promise<Buffer> => this.store.get(key, { offset, length }).catch((err: unknown) => {
@@ -529,11 +529,7 @@ export class Volume implements BlockBackend {
       const body = await this.store.get(key);
       await checkCheckpoint(body, key, () => this.world.yield());
       return decodeCheckpoint(body, key, { crcChecked: true });
-    } catch (err) {
-      if (!unusableCheckpoint(err)) throw err;
-      this.log.warn({ key, err: errorMessage(err) }, 'skipping unreadable checkpoint');
-      return null;
-    }
+    });
   }
 
   /**
@@ -541,11 +537,20 @@ export class Volume implements BlockBackend {
    * ranges is checked as it is walked: its crc at the end, and it may be found gone; the map
    * built so far is then dropped, and an older checkpoint may be tried).
    */
-  private async mapOf(c: CheckpointData, key: string): Promise<PackedExtentMap<Loc> | null> {
+  private mapOf(c: CheckpointData, key: string): Promise<PackedExtentMap<Loc> | null> {
+    return this.unlessUnusable(key, () => mapOfCheckpoint(c, this.recoverySize, this.world));
+  }
+
+  /**
+   * What `step` on checkpoint `key` gives, or null (logged) if it found the checkpoint
+   * unusable: corrupt or gone, so that an older one may be tried. Any other error (the store
+   * unreachable) fails the open: falling back on it would end in a misleading "record missing".
+   */
+  private async unlessUnusable<T>(key: string, step: () => Promise<T>): Promise<T | null> {
     try {
-      return await mapOfCheckpoint(c, this.recoverySize, this.world);
+      return await step();
     } catch (err) {
-      if (!unusableCheckpoint(err)) throw err;
+      if (!(err instanceof CorruptError || err instanceof NotFoundError)) throw err;
       this.log.warn({ key, err: errorMessage(err) }, 'skipping unreadable checkpoint');
       return null;
     }
@@ -2049,9 +2054,6 @@ function storedRange(p: { fr: FrameIndex | null; off: number; len: number }): { 
   const sp = p.fr.span(p.off, p.len);
   return { off: sp.start, len: sp.end - sp.start };
 }
-
-/** A checkpoint that failed with this is unusable (corrupt, or gone): an older one may be tried. Any other error fails the open. */
-const unusableCheckpoint = (err: unknown): boolean => err instanceof CorruptError || err instanceof NotFoundError;
 
 /** The working set a checkpoint carries (v4), or an empty one (older versions), taken over a slice at a time. */
 async function workingSetOf(c: CheckpointData, volumeSize: number, world: World): Promise<WorkingSet> {
