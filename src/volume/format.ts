@@ -33,11 +33,13 @@
  * their frames without a request (docs/rfc-frames.md).
  */
 
+import { createHmac, timingSafeEqual, type Hmac } from 'node:crypto';
 import { CorruptError } from '../errors.js';
 import { FrameIndex, crc32, lengthsFromString, lengthsToString } from './frames.js'; // zlib's crc32, faster where it can be
 
 export const LOG_MAGIC = Buffer.from('BATONLG1');
 export const LOG_MAGIC_V3 = Buffer.from('BATONLG3');
+export const LOG_MAGIC_V4 = Buffer.from('BATONLG4');
 export const SRC_INLINE = -1;
 export const SRC_HOLE = -2;
 export const SRC_ZERO = -3;
@@ -277,14 +279,37 @@ export function followsChain(h: Pick<LogHeader, 'prev'>, lastId: string | undefi
   return h.prev === undefined || lastId === undefined || h.prev === lastId;
 }
 
-export function encodeLogRecord(h: LogHeader, inline: Buffer[]): { body: Buffer; dataStart: number } {
+/**
+ * The authentication of an encrypted volume's log records and checkpoints (issue 16): an
+ * HMAC-SHA256 under the writing volume's metadata key (keys.ts metaKeyOf) of a label, the
+ * object's key and the bytes, so a record or checkpoint changed, made up, or moved to another
+ * key or volume fails it. The crc stays beside it (rot is told apart from tampering, and readers
+ * without keys, GC and `info`, still check it).
+ */
+export const MAC_BYTES = 32;
+
+function metadataMac(metaKey: Buffer, label: string, objectKey: string): Hmac {
+  return createHmac('sha256', metaKey).update(`baton ${label} v1\0${objectKey}\0`, 'utf8');
+}
+
+/** How a reader checks a record's or checkpoint's MAC: undefined, it does not (a reader without keys); null, the volume's records carry none (keys.ts); a key, it must. */
+export type MetaKey = Buffer | null | undefined;
+
+/**
+ * A log record's bytes. With `auth` (an encrypted volume's writer), v4: the v3 layout with
+ * the header's MAC between the crc and the JSON ("BATONLG4" | u32 BE header length | u32 BE
+ * crc32 | 32-byte MAC | header JSON | frames). The header is still v 3: only the envelope differs.
+ */
+export function encodeLogRecord(h: LogHeader, inline: Buffer[], auth?: { metaKey: Buffer; objectKey: string }): { body: Buffer; dataStart: number } {
   const json = Buffer.from(JSON.stringify(h));
   const v3 = h.v === 3;
-  const dataStart = (v3 ? 16 : 12) + json.length;
+  if (auth && !v3) throw new Error('encodeLogRecord: only a v3 header is authenticated');
+  const dataStart = (auth ? 16 + MAC_BYTES : v3 ? 16 : 12) + json.length;
   const body = Buffer.allocUnsafe(dataStart + h.inlineLength);
-  (v3 ? LOG_MAGIC_V3 : LOG_MAGIC).copy(body, 0);
+  (auth ? LOG_MAGIC_V4 : v3 ? LOG_MAGIC_V3 : LOG_MAGIC).copy(body, 0);
   body.writeUInt32BE(json.length, 8);
   if (v3) body.writeUInt32BE(crc32(json), 12);
+  if (auth) metadataMac(auth.metaKey, 'log', auth.objectKey).update(json).digest().copy(body, 16);
   json.copy(body, dataStart - json.length);
   let off = dataStart;
   for (const b of inline) { b.copy(body, off); off += b.length; }
@@ -292,19 +317,31 @@ export function encodeLogRecord(h: LogHeader, inline: Buffer[]): { body: Buffer;
   return { body, dataStart };
 }
 
-/** Bytes needed to read a whole header (magic, length fields and JSON), given at least the first 16 bytes of the record (or all of it). */
+/** Bytes needed to read a whole header (magic, length fields, MAC and JSON), given at least the first 16 bytes of the record (or all of it). */
 export function logHeaderEnd(prefix: Buffer, key: string): number {
   if (prefix.length >= 12 && prefix.subarray(0, 8).equals(LOG_MAGIC)) return 12 + prefix.readUInt32BE(8);
   if (prefix.length >= 16 && prefix.subarray(0, 8).equals(LOG_MAGIC_V3)) return 16 + prefix.readUInt32BE(8);
+  if (prefix.length >= 16 && prefix.subarray(0, 8).equals(LOG_MAGIC_V4)) return 16 + MAC_BYTES + prefix.readUInt32BE(8);
   throw new CorruptError(`${key}: not a baton log record`);
 }
 
-export function decodeLogHeader(b: Buffer, key: string): { header: LogHeader; dataStart: number } {
+/**
+ * A log record's header. `metaKey` (MetaKey): with a key, the record must be authenticated
+ * (v4) and its MAC must hold, else CorruptError: a bucket writer cannot point an encrypted
+ * volume's extents elsewhere, nor pass a record off without a MAC.
+ */
+export function decodeLogHeader(b: Buffer, key: string, metaKey?: MetaKey): { header: LogHeader; dataStart: number } {
   const end = logHeaderEnd(b, key);
-  const v3 = b.subarray(0, 8).equals(LOG_MAGIC_V3);
+  const v4 = b.subarray(0, 8).equals(LOG_MAGIC_V4);
+  const v3 = v4 || b.subarray(0, 8).equals(LOG_MAGIC_V3);
   if (b.length < end) throw new CorruptError(`${key}: truncated log header`);
-  const json = b.subarray(v3 ? 16 : 12, end);
+  const json = b.subarray(v4 ? 16 + MAC_BYTES : v3 ? 16 : 12, end);
   if (v3 && crc32(json) !== b.readUInt32BE(12)) throw new CorruptError(`${key}: log header checksum mismatch`);
+  if (metaKey) {
+    if (!v4) throw new CorruptError(`${key}: log record of an encrypted volume without its MAC (its records are authenticated: this one was not written by it)`);
+    const mac = metadataMac(metaKey, 'log', key).update(json).digest();
+    if (!timingSafeEqual(mac, b.subarray(16, 16 + MAC_BYTES))) throw new CorruptError(`${key}: log record authentication failed (tampered, moved, or another key's record)`);
+  }
   let h: LogHeader;
   try { h = JSON.parse(json.toString('utf8')) as LogHeader; } catch { throw new CorruptError(`${key}: log header is not JSON`); }
   if ((v3 ? h.v !== 3 : h.v !== 1 && h.v !== 2) || !Array.isArray(h.extents) || !Array.isArray(h.segments)) throw new CorruptError(`${key}: unsupported log record version`);
@@ -386,6 +423,42 @@ export const CHECKPOINT_MAGIC_V4 = Buffer.from('BATONCP4');
  * optional (header `workingSet`); and a u32 LE crc32 of every byte before it ends the body.
  */
 export const CHECKPOINT_MAGIC = Buffer.from('BATONCP5');
+/**
+ * v6: an encrypted volume's v5 checkpoint (header still v 5), authenticated: the crc is followed
+ * by a 32-byte MAC (MAC_BYTES, metadataMac 'checkpoint') of the same bytes, bound to the key.
+ */
+export const CHECKPOINT_MAGIC_V6 = Buffer.from('BATONCP6');
+
+/** A v5/v6 checkpoint: its trailer's length (crc, and a v6 one's MAC after it), or 0 for any other. */
+function checkedTrailer(b: Buffer): number {
+  if (b.length < 16) return 0;
+  const m = b.subarray(0, 8);
+  return m.equals(CHECKPOINT_MAGIC) ? 4 : m.equals(CHECKPOINT_MAGIC_V6) ? 4 + MAC_BYTES : 0;
+}
+
+/**
+ * The running check of a v5/v6 checkpoint's bytes (the crc, and the MAC when the reader has the
+ * key). `metaKey` (MetaKey) with a key: the checkpoint must be v6, else CorruptError.
+ */
+class CheckpointSum {
+  private crc = 0;
+  private readonly mac: Hmac | null;
+  constructor(private readonly key: string, private readonly v6: boolean, metaKey: MetaKey) {
+    if (metaKey && !v6) throw new CorruptError(`${key}: checkpoint of an encrypted volume without its MAC (its checkpoints are authenticated: this one was not written by it)`);
+    this.mac = metaKey && v6 ? metadataMac(metaKey, 'checkpoint', key) : null;
+  }
+  update(b: Buffer): void {
+    this.crc = crc32(b, this.crc);
+    this.mac?.update(b);
+  }
+  /** `trailer`: the bytes after the checked ones (crc, MAC). */
+  verify(trailer: Buffer): void {
+    if (this.crc !== trailer.readUInt32LE(0)) throw new CorruptError(`${this.key}: checkpoint checksum mismatch`);
+    if (this.mac && !timingSafeEqual(this.mac.digest(), trailer.subarray(4, 4 + MAC_BYTES))) {
+      throw new CorruptError(`${this.key}: checkpoint authentication failed (tampered, moved, or another key's checkpoint)`);
+    }
+  }
+}
 export const CHECKPOINT_EXTENT_BYTES = 24;
 /** Bytes per working-set entry in a v4 checkpoint. */
 export const WORKING_SET_ENTRY_BYTES = 4;
@@ -447,26 +520,34 @@ export const CHUNK_MS = 5;
 const CRC_SLICE = 4 * 1024 * 1024;
 
 /**
- * Check a v5 checkpoint's crc a slice at a time, pausing in between (a checkpoint of 10M
- * extents is 240 MiB: its crc in one go held the event loop for ~150 ms). Older versions have
- * none: nothing to check. Then decode it with `{ crcChecked: true }`.
+ * Check a v5/v6 checkpoint's crc (and MAC, CheckpointSum) a slice at a time, pausing in
+ * between (a checkpoint of 10M extents is 240 MiB: its crc in one go held the event loop for
+ * ~150 ms). Older versions have none: nothing to check, unless the reader needs a MAC. Then
+ * decode it with `{ checked: true }`.
  */
-export async function checkCheckpoint(b: Buffer, key: string, pause: () => Promise<void>): Promise<void> {
-  if (!(b.length >= 16 && b.subarray(0, 8).equals(CHECKPOINT_MAGIC))) return;
-  let c = 0;
-  for (let at = 0; at < b.length - 4; at += CRC_SLICE) {
+export async function checkCheckpoint(b: Buffer, key: string, pause: () => Promise<void>, metaKey?: MetaKey): Promise<void> {
+  const trailer = checkedTrailer(b);
+  const sum = new CheckpointSum(key, trailer > 4, metaKey);
+  if (trailer === 0) return;
+  const end = b.length - trailer;
+  for (let at = 0; at < end; at += CRC_SLICE) {
     if (at > 0) await pause();
-    c = crc32(b.subarray(at, Math.min(at + CRC_SLICE, b.length - 4)), c);
+    sum.update(b.subarray(at, Math.min(at + CRC_SLICE, end)));
   }
-  if (c !== b.readUInt32LE(b.length - 4)) throw new CorruptError(`${key}: checkpoint checksum mismatch`);
+  sum.verify(b.subarray(end));
 }
 
-/** Decode a checkpoint of any version. A v5 one's crc is checked here unless `crcChecked` (checkCheckpoint did). */
-export function decodeCheckpoint(b: Buffer, key: string, opts: { crcChecked?: boolean } = {}): CheckpointData {
-  if (b.length >= 16 && b.subarray(0, 8).equals(CHECKPOINT_MAGIC)) {
-    if (!opts.crcChecked && crc32(b.subarray(0, b.length - 4)) !== b.readUInt32LE(b.length - 4)) throw new CorruptError(`${key}: checkpoint checksum mismatch`);
-    return decodeCheckpointBinary(b.subarray(0, b.length - 4), key, 5);
+/** Decode a checkpoint of any version. A v5/v6 one is checked here (crc, and MAC with `metaKey`) unless `checked` (checkCheckpoint did, with the same metaKey). */
+export function decodeCheckpoint(b: Buffer, key: string, opts: { checked?: boolean; metaKey?: MetaKey } = {}): CheckpointData {
+  const trailer = checkedTrailer(b);
+  if (!opts.checked) {
+    const sum = new CheckpointSum(key, trailer > 4, opts.metaKey);
+    if (trailer > 0) {
+      sum.update(b.subarray(0, b.length - trailer));
+      sum.verify(b.subarray(b.length - trailer));
+    }
   }
+  if (trailer > 0) return decodeCheckpointBinary(b.subarray(0, b.length - trailer), key, 5);
   if (b.length >= 12 && b.subarray(0, 8).equals(CHECKPOINT_MAGIC_V4)) return decodeCheckpointBinary(b, key, 4);
   if (b.length >= 12 && b.subarray(0, 8).equals(CHECKPOINT_MAGIC_V3)) return decodeCheckpointBinary(b, key, 3);
   let c: Checkpoint;
@@ -641,16 +722,20 @@ const CHECKPOINT_HEAD_BYTES = 1024 * 1024;
  *
  * Returns null for anything but a v5 checkpoint (older ones have no crc: read them whole).
  */
-export async function readCheckpointInRanges(src: CheckpointRanges, key: string, rangeBytes = CHECKPOINT_RANGE_BYTES): Promise<CheckpointData | null> {
+export async function readCheckpointInRanges(src: CheckpointRanges, key: string, rangeBytes = CHECKPOINT_RANGE_BYTES, metaKey?: MetaKey): Promise<CheckpointData | null> {
   const size = src.size;
   if (size < 16) return null;
   let headBytes = Math.min(size, CHECKPOINT_HEAD_BYTES);
   let headBuf = await src.read(0, headBytes);
-  if (!headBuf.subarray(0, 8).equals(CHECKPOINT_MAGIC)) return null;
+  const trailer = checkedTrailer(headBuf);
+  if (trailer === 0) return null;
+  // Refuses a v5 checkpoint where a MAC is needed before anything of it is used.
+  const newSum = (): CheckpointSum => new CheckpointSum(key, trailer > 4, metaKey);
+  newSum();
   let head: CheckpointHead;
   for (;;) {
     try {
-      head = parseCheckpointHead(headBuf.subarray(0, Math.min(headBytes, size - 4)), key, 5, headBytes < size);
+      head = parseCheckpointHead(headBuf.subarray(0, Math.min(headBytes, size - trailer)), key, 5, headBytes < size);
       break;
     } catch (err) {
       if (!(err instanceof HeadIncomplete)) throw err;
@@ -660,7 +745,7 @@ export async function readCheckpointInRanges(src: CheckpointRanges, key: string,
   }
   const { h, objects, extentsAt } = head;
   const wsAt = extentsAt + h.extents * CHECKPOINT_EXTENT_BYTES;
-  const total = wsAt + head.wsEntries * WORKING_SET_ENTRY_BYTES + 4;
+  const total = wsAt + head.wsEntries * WORKING_SET_ENTRY_BYTES + trailer;
   if (total !== size) throw new CorruptError(`${key}: checkpoint is ${size} bytes, its header says ${total}`);
   const tail = await src.read(wsAt, size - wsAt);
   const workingSet = workingSetAt(tail, 0, head);
@@ -670,7 +755,8 @@ export async function readCheckpointInRanges(src: CheckpointRanges, key: string,
     v: 5, volumeId: h.volumeId, seq: h.seq, token: h.token, ...(h.lastId !== undefined ? { lastId: h.lastId } : {}), objects, extentCount: h.extents,
     ...(workingSet ? { workingSet } : {}),
     forEachExtent: async (volumeSize, fn, pause, chunk = CHECKPOINT_CHUNK, due) => {
-      let crc = crc32(headPart);
+      const sum = newSum();
+      sum.update(headPart);
       // The head read may have run into the extents: those come again with their ranges.
       const state = { prevEnd: 0, since: 0 };
       const rangeOf = (first: number): Promise<Buffer> => {
@@ -685,11 +771,11 @@ export async function readCheckpointInRanges(src: CheckpointRanges, key: string,
         // A read left unawaited when the walk throws must not become an unhandled rejection.
         next?.catch(() => {});
         if (b.length !== count * CHECKPOINT_EXTENT_BYTES) throw new CorruptError(`${key}: a range of the checkpoint came back ${b.length} bytes, not ${count * CHECKPOINT_EXTENT_BYTES}`);
-        crc = crc32(b, crc);
+        sum.update(b);
         await extentsIn(b, 0, count, key, volumeSize, objects.length, fn, pause, chunk, due, state);
       }
-      crc = crc32(tail.subarray(0, tail.length - 4), crc);
-      if (crc !== tail.readUInt32LE(tail.length - 4)) throw new CorruptError(`${key}: checkpoint checksum mismatch`);
+      sum.update(tail.subarray(0, tail.length - trailer));
+      sum.verify(tail.subarray(tail.length - trailer));
     },
   };
 }
@@ -708,7 +794,10 @@ export async function encodeCheckpoint(
   pause: () => Promise<void>,
   workingSet?: WorkingSetData,
   version: 3 | 4 | 5 = 5,
+  auth?: { metaKey: Buffer; objectKey: string },
 ): Promise<Buffer> {
+  if (auth && version !== 5) throw new RangeError('only a v5 checkpoint is authenticated (v6)');
+  const trailer = version !== 5 ? 0 : auth ? 4 + MAC_BYTES : 4;
   if (workingSet) {
     if (!validChunkBytes(workingSet.chunkBytes)) throw new RangeError(`working set chunk size ${workingSet.chunkBytes} is not a power of two from 4 KiB to 1 GiB`);
     if (workingSet.boot?.length && version !== 5) throw new RangeError(`a v${version} checkpoint carries no boot set`);
@@ -740,8 +829,8 @@ export async function encodeCheckpoint(
   const extentsAt = 12 + hjson.length + tableBytes;
   const wsAt = extentsAt + extents * CHECKPOINT_EXTENT_BYTES;
   const end = wsAt + wsEntries.length * WORKING_SET_ENTRY_BYTES;
-  const out = Buffer.allocUnsafe(end + (version === 5 ? 4 : 0));
-  (version === 5 ? CHECKPOINT_MAGIC : version === 4 ? CHECKPOINT_MAGIC_V4 : CHECKPOINT_MAGIC_V3).copy(out, 0);
+  const out = Buffer.allocUnsafe(end + trailer);
+  (version === 5 ? (auth ? CHECKPOINT_MAGIC_V6 : CHECKPOINT_MAGIC) : version === 4 ? CHECKPOINT_MAGIC_V4 : CHECKPOINT_MAGIC_V3).copy(out, 0);
   out.writeUInt32BE(hjson.length, 8);
   hjson.copy(out, 12);
   let pos = 12 + hjson.length;
@@ -781,11 +870,15 @@ export async function encodeCheckpoint(
   wsEntries.forEach((c, k) => out.writeUInt32LE(c, wsAt + k * WORKING_SET_ENTRY_BYTES));
   if (version === 5) {
     let c = 0;
+    const mac = auth ? metadataMac(auth.metaKey, 'checkpoint', auth.objectKey) : null;
     for (let at = 0; at < end; at += CRC_SLICE) {
       if (at > 0) await pause();
-      c = crc32(out.subarray(at, Math.min(at + CRC_SLICE, end)), c);
+      const slice = out.subarray(at, Math.min(at + CRC_SLICE, end));
+      c = crc32(slice, c);
+      mac?.update(slice);
     }
     out.writeUInt32LE(c, end);
+    mac?.digest().copy(out, end + 4);
   }
   return out;
 }

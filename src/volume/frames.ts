@@ -154,6 +154,17 @@ export interface FrameKeys {
   readonly writeKey: Buffer | null;
   /** The key that decrypts the frames of object `objectKey` (by the volume id in it); throws KeyError if there is none. */
   readKey(objectKey: string): Buffer;
+  /**
+   * The key that authenticates the log records and checkpoints this writer makes (keys.ts
+   * metaKeyOf; null: it writes none, or its volume predates them).
+   */
+  readonly writeMetaKey: Buffer | null;
+  /**
+   * The key that must authenticate log record or checkpoint `objectKey` (by the volume id in
+   * it): null when that volume's records carry no MAC (encrypted before records had one);
+   * throws KeyError if the ring has no key for it.
+   */
+  metaKey(objectKey: string): Buffer | null;
 }
 
 /** crc32 seed of an object key: every frame's checks start from it and the frame's index. */

@@ -80,29 +80,49 @@ export function loadMasterKey(keyFile: string | undefined, env: NodeJS.ProcessEn
   return null;
 }
 
-function dekAad(volumeId: string): Buffer {
-  return Buffer.from(`baton-dek:${volumeId}`, 'utf8');
+/**
+ * The additional data a data key is wrapped with. `authenticated` (every key wrapped since
+ * records carry a MAC) names a second version: a volume whose key unwraps with it must have
+ * every log record and checkpoint authenticated (metaKeyOf), and since only the master key
+ * can wrap, a bucket writer cannot turn such a key into one that says otherwise (to make
+ * unauthenticated records pass). Keys wrapped before (legacy) unwrap with the first version;
+ * their volumes' records are read as they were written, without a MAC.
+ */
+function dekAad(volumeId: string, authenticated: boolean): Buffer {
+  return Buffer.from(authenticated ? `baton-dek-v2:${volumeId}` : `baton-dek:${volumeId}`, 'utf8');
 }
 
-export function wrapDataKey(master: MasterKey, volumeId: string, dek: Buffer, world: World): string {
+/** Wrap a data key; `legacy` wraps it as keys were before records were authenticated (compatibility tests only). */
+export function wrapDataKey(master: MasterKey, volumeId: string, dek: Buffer, world: World, legacy = false): string {
   const nonce = world.randomBytes(12);
   const c = createCipheriv('aes-256-gcm', master.key, nonce);
-  c.setAAD(dekAad(volumeId));
+  c.setAAD(dekAad(volumeId, !legacy));
   const ct = Buffer.concat([c.update(dek), c.final()]);
   return Buffer.concat([nonce, ct, c.getAuthTag()]).toString('base64');
 }
 
-export function unwrapDataKey(master: MasterKey, volumeId: string, wrapped: string): Buffer | null {
+/** A data key, and whether its volume's records are authenticated (dekAad); null if it does not unwrap. */
+export function unwrapDataKey(master: MasterKey, volumeId: string, wrapped: string): { dek: Buffer; authenticated: boolean } | null {
   const b = Buffer.from(wrapped, 'base64');
   if (b.length !== 12 + 32 + 16) return null;
-  try {
-    const d = createDecipheriv('aes-256-gcm', master.key, b.subarray(0, 12));
-    d.setAAD(dekAad(volumeId));
-    d.setAuthTag(b.subarray(44));
-    return Buffer.concat([d.update(b.subarray(12, 44)), d.final()]);
-  } catch {
-    return null;
+  for (const authenticated of [true, false]) {
+    try {
+      const d = createDecipheriv('aes-256-gcm', master.key, b.subarray(0, 12));
+      d.setAAD(dekAad(volumeId, authenticated));
+      d.setAuthTag(b.subarray(44));
+      return { dek: Buffer.concat([d.update(b.subarray(12, 44)), d.final()]), authenticated };
+    } catch { /* the other version, or not this key's */ }
   }
+  return null;
+}
+
+/**
+ * The key that authenticates a volume's log records and checkpoints (format.ts: an
+ * HMAC-SHA256 bound to each object's key): derived from its data key, so whoever may write
+ * its frames may write its records, and nobody else.
+ */
+export function metaKeyOf(dek: Buffer): Buffer {
+  return createHmac('sha256', dek).update('baton metadata mac v1').digest();
 }
 
 function need(master: MasterKey | null, what: string, keyId: string | null): MasterKey {
@@ -146,23 +166,27 @@ export function frameKeysFor(rec: VolumeRecord, master: MasterKey | null): Frame
   const enc = rec.data?.encryption;
   if (!enc) return null;
   const m = need(master, `volume ${rec.name}`, enc.keyId);
-  const ring = new Map<string, Buffer>();
+  const ring = new Map<string, { dek: Buffer; meta: Buffer | null }>();
   for (const [id, wrapped] of Object.entries(enc.keys)) {
-    const dek = unwrapDataKey(m, id, wrapped);
-    if (!dek) throw new KeyError(`volume ${rec.name}: the data key of ${id} does not unwrap with the master key given (id ${m.id}): its record is damaged, or the key is not the one it was made with`);
-    ring.set(id, dek);
+    const k = unwrapDataKey(m, id, wrapped);
+    if (!k) throw new KeyError(`volume ${rec.name}: the data key of ${id} does not unwrap with the master key given (id ${m.id}): its record is damaged, or the key is not the one it was made with`);
+    ring.set(id, { dek: k.dek, meta: k.authenticated ? metaKeyOf(k.dek) : null });
   }
   const own = ring.get(rec.id) ?? null;
   if (!rec.snapshot && !own) throw new KeyError(`volume ${rec.name}: its record has no data key of its own`);
+  const entry = (objectKey: string): { dek: Buffer; meta: Buffer | null } => {
+    const id = volumeIdOf(objectKey);
+    const k = id === null ? undefined : ring.get(id);
+    if (!k) throw new KeyError(`volume ${rec.name}: no data key for ${objectKey} (its keyring has none for ${id})`);
+    return k;
+  };
   const keys: FrameKeys = {
-    writeKey: rec.snapshot ? null : own,
-    readKey(objectKey: string): Buffer {
-      const id = volumeIdOf(objectKey);
-      const k = id === null ? undefined : ring.get(id);
-      if (!k) throw new KeyError(`volume ${rec.name}: no data key for ${objectKey} (its keyring has none for ${id})`);
-      return k;
-    },
+    writeKey: rec.snapshot ? null : own!.dek,
+    writeMetaKey: rec.snapshot ? null : own!.meta,
+    readKey: (objectKey) => entry(objectKey).dek,
+    metaKey: (objectKey) => entry(objectKey).meta,
   };
   Object.defineProperty(keys, 'writeKey', { enumerable: false });
+  Object.defineProperty(keys, 'writeMetaKey', { enumerable: false });
   return keys;
 }

@@ -44,7 +44,7 @@ import { DurationHistogram } from '../histogram.js';
 import { PUT_ID_META } from '../store/decorators.js';
 import { listAll, type LocalObjects, type ObjectStore } from '../store/object-store.js';
 import {
-  CHECKPOINT_CHUNK, CHECKPOINT_RANGE_BYTES, CHUNK_MS, SRC_HOLE, SRC_INLINE, SRC_ZERO, checkCheckpoint, dataSettings, decodeCheckpoint, decodeLogHeader, decodeVolumeRecord, encodeCheckpoint, encodeLogRecord, fenceAfter, readCheckpointInRanges,
+  CHECKPOINT_CHUNK, CHECKPOINT_RANGE_BYTES, CHUNK_MS, SRC_HOLE, type MetaKey, SRC_INLINE, SRC_ZERO, checkCheckpoint, dataSettings, decodeCheckpoint, decodeLogHeader, decodeVolumeRecord, encodeCheckpoint, encodeLogRecord, fenceAfter, readCheckpointInRanges,
   followsChain, framedSegmentRef, inlineFrames, keys, logHeaderEnd, maxOperationMs, recordCounts, segmentFrames, seqFromKey, timeBounds,
   type CheckpointData, type DataSettings, type LogHeader, type RecordExtent, type VolumeRecord, type WorkingSetData,
 } from './format.js';
@@ -523,12 +523,12 @@ export class Volume implements BlockBackend {
         const read = (offset: number, length: number): Promise<Buffer> => this.store.get(key, { offset, length }).catch((err: unknown) => {
           throw err instanceof OutOfRangeError ? new CorruptError(`${key}: not the ${size} bytes listed (${errorMessage(err)})`) : err;
         });
-        const ranged = await readCheckpointInRanges({ size, read }, key, this.checkpointRangeBytes);
+        const ranged = await readCheckpointInRanges({ size, read }, key, this.checkpointRangeBytes, this.metaKeyFor(key));
         if (ranged) return ranged;
       }
       const body = await this.store.get(key);
-      await checkCheckpoint(body, key, () => this.world.yield());
-      return decodeCheckpoint(body, key, { crcChecked: true });
+      await checkCheckpoint(body, key, () => this.world.yield(), this.metaKeyFor(key));
+      return decodeCheckpoint(body, key, { checked: true });
     });
   }
 
@@ -701,8 +701,8 @@ export class Volume implements BlockBackend {
       }
       const seq = this.nextSeq;
       const header = this.newHeader('takeover', seq, token, [], [], 0);
-      const { body, dataStart } = encodeLogRecord(header, []);
       const key = keys.log(this.id, seq);
+      const { body, dataStart } = encodeLogRecord(header, [], this.authFor(key));
       try {
         await this.store.put(key, body, { ifNoneMatch: true, metadata: { [PUT_ID_META]: header.id! } });
       } catch (err) {
@@ -788,7 +788,25 @@ export class Volume implements BlockBackend {
       if (need > size) throw new CorruptError(`${key}: header length past the end of the object`);
       b = await this.store.get(key, { offset: 0, length: need });
     }
-    return decodeLogHeader(b, key);
+    return decodeLogHeader(b, key, this.metaKeyFor(key));
+  }
+
+  /**
+   * How this writer authenticates its log record or checkpoint at `objectKey`: an encrypted
+   * volume's are (format.ts MAC), so a bucket writer cannot change where its extents point.
+   */
+  private authFor(objectKey: string): { metaKey: Buffer; objectKey: string } | undefined {
+    const k = this.frameKeys?.writeMetaKey;
+    return k ? { metaKey: k, objectKey } : undefined;
+  }
+
+  /**
+   * What a read of log record or checkpoint `objectKey` checks (MetaKey): with keys, the MAC
+   * its volume's records must carry. A view without keys (GC, accounting, diff) checks crcs
+   * only: it reads maps to keep or count objects and never serves data (reads need the keys).
+   */
+  private metaKeyFor(objectKey: string): MetaKey {
+    return this.frameKeys ? this.frameKeys.metaKey(objectKey) : undefined;
   }
 
   // ------------------------------------------------------------------ reads
@@ -1682,7 +1700,7 @@ export class Volume implements BlockBackend {
     });
     h.inlineLength = enc.stored;
     if (logical > 0) h.inline = { logical, frames: lengthsToString(enc.lengths) };
-    const { body, dataStart } = encodeLogRecord(h, enc.pieces);
+    const { body, dataStart } = encodeLogRecord(h, enc.pieces, this.authFor(keys.log(this.id, a.seq)));
     a.body = body;
     a.dataStart = dataStart;
     a.inlineParts = [];
@@ -1866,7 +1884,7 @@ export class Volume implements BlockBackend {
     const { pause, due } = slices(this.world);
     // Create-only, like log records: a stale writer can never replace a checkpoint (see
     // "The log is a chain"). A position's checkpoint is only ever written once by its writer.
-    this.checkpointing = encodeCheckpoint(header, (fn, p) => walkCheckpoint(view, fn, p, due), pause, workingSet)
+    this.checkpointing = encodeCheckpoint(header, (fn, p) => walkCheckpoint(view, fn, p, due), pause, workingSet, 5, this.authFor(keys.checkpoint(this.id, seq)))
       .finally(() => view.close())
       .then((body) => this.store.put(keys.checkpoint(this.id, seq), body, { ifNoneMatch: true }).then(() => body.length))
       .then((bytes) => { this.lastCheckpointSeq = Math.max(this.lastCheckpointSeq, seq); this.log.debug({ seq, bytes, extents: view.size, workingSetChunks: workingSet.chunks.length, ms: Math.round(this.world.now() - t0) }, 'checkpoint written'); })

@@ -12,14 +12,18 @@ import * as os from 'node:os';
 import * as path from 'node:path';
 import { inspect } from 'node:util';
 import { BlockCache, MemorySlab } from '../../src/cache.js';
-import { ChecksumError, InvalidArgumentError, KeyError } from '../../src/errors.js';
+import { ChecksumError, CorruptError, InvalidArgumentError, KeyError } from '../../src/errors.js';
 import { silentLogger } from '../../src/log.js';
 import { MemoryObjectStore } from '../../src/store/memory.js';
 import { listAll, type ObjectStore } from '../../src/store/object-store.js';
 import { StoreCatalog } from '../../src/volume/catalog.js';
-import { decodeVolumeRecord, keys } from '../../src/volume/format.js';
+import { systemWorld } from '../../src/clock.js';
+import {
+  CHECKPOINT_MAGIC, CHECKPOINT_MAGIC_V6, LOG_MAGIC_V3, LOG_MAGIC_V4, decodeCheckpoint, decodeLogHeader, decodeVolumeRecord, encodeCheckpoint, encodeVolumeRecord, keys, type LogHeader,
+} from '../../src/volume/format.js';
+import { crc32 } from '../../src/volume/frames.js';
 import { collectGarbage } from '../../src/volume/gc.js';
-import { loadMasterKey, masterKey, type MasterKey } from '../../src/volume/keys.js';
+import { loadMasterKey, masterKey, unwrapDataKey, wrapDataKey, type MasterKey } from '../../src/volume/keys.js';
 import type { Volume } from '../../src/volume/volume.js';
 
 const KiB = 1024;
@@ -227,6 +231,130 @@ test('a tampered, swapped or re-keyed encrypted frame is EIO (ChecksumError), ne
   await t.throwsAsync((await host(mem, K1).open('x', true)).read(0, 4096), { instanceOf: ChecksumError });
   await mem.delete(xs[0]!); await mem.put(xs[0]!, body);
   t.true((await (await host(mem, K1).open('x', true)).read(0, data.length)).equals(data), 'restored: reads');
+});
+
+/**
+ * Rewrite a log record's header as a bucket writer can: the JSON changed by `edit` (same
+ * length), its crc made to fit, the MAC (a v4 record's) and the data left as they were.
+ */
+async function rewriteLogHeader(store: ObjectStore, key: string, edit: (h: LogHeader) => void): Promise<void> {
+  const body = await store.get(key);
+  const { header, dataStart } = decodeLogHeader(body, key);
+  edit(header);
+  const json = Buffer.from(JSON.stringify(header));
+  const jsonAt = body.subarray(0, 8).equals(LOG_MAGIC_V4) ? 48 : 16;
+  if (jsonAt + json.length !== dataStart) throw new Error('the edit changed the header\'s length');
+  const out = Buffer.from(body);
+  out.writeUInt32BE(crc32(json), 12);
+  json.copy(out, jsonAt);
+  await store.delete(key);
+  await store.put(key, out);
+}
+
+/** An encrypted volume `x` with A at 0 and B at 1 MiB committed in one record, closed. Returns the objects' keys. */
+async function twoBlocks(mem: MemoryObjectStore): Promise<{ A: Buffer; B: Buffer; logs: string[]; checkpoints: string[] }> {
+  const a = host(mem, K1);
+  await a.catalog.create('x', 16 * MiB, { encrypt: true });
+  const A = secretText(64 * KiB, 1);
+  const B = secretText(64 * KiB, 2);
+  const v = await a.open('x');
+  await v.write(0, A, false);
+  await v.write(MiB, B, true);
+  await v.close();
+  const id = decodeVolumeRecord(await mem.get(keys.volumeRecord('x')), 'x').id;
+  const listed = (await listAll(mem, keys.volumePrefix(id))).map((o) => o.key).sort();
+  return { A, B, logs: listed.filter((k) => k.includes('/log/')), checkpoints: listed.filter((k) => k.includes('/checkpoint/')) };
+}
+
+test('an encrypted volume\'s log records are authenticated: one rewritten by a bucket writer to point its extents at other authentic frames (crc made to fit) refuses the open, never serves them', async (t) => {
+  const mem = new MemoryObjectStore();
+  const { A, B, logs, checkpoints } = await twoBlocks(mem);
+  for (const k of checkpoints) await mem.delete(k); // recovery reads the log
+  t.true((await (await host(mem, K1).open('x', true)).read(0, A.length)).equals(A), 'untouched: reads');
+  let rewritten = 0;
+  for (const k of logs) {
+    const body = await mem.get(k);
+    t.true(body.subarray(0, 8).equals(LOG_MAGIC_V4), `${k} is a v4 (authenticated) record`);
+    const { header } = decodeLogHeader(body, k);
+    const at0 = header.extents.find((e) => e[0] === 0);
+    const at1 = header.extents.find((e) => e[0] === MiB);
+    if (!at0 || !at1 || at0[2] !== at1[2]) continue;
+    // Each extent pointed at the other's bytes: authentic frames of the same object, in the wrong place.
+    await rewriteLogHeader(mem, k, (h) => {
+      const e0 = h.extents.find((e) => e[0] === 0)!;
+      const e1 = h.extents.find((e) => e[0] === MiB)!;
+      [e0[3], e1[3]] = [e1[3], e0[3]];
+    });
+    rewritten++;
+  }
+  t.is(rewritten, 1, 'one record held both blocks');
+  const opened = host(mem, K1).open('x', true);
+  await t.throwsAsync(opened, { instanceOf: CorruptError, message: /authentication failed/ });
+  const v = await opened.catch(() => null);
+  if (v) t.false((await v.read(0, B.length)).equals(B), 'B\'s bytes at A\'s place');
+  // Without keys (GC, accounting) the map still reads: they serve no data.
+  t.true((await host(mem, null).catalog.listWithAccounting()).some((i) => i.name === 'x'));
+});
+
+test('an encrypted volume\'s checkpoints are authenticated: one rewritten by a bucket writer (crc made to fit) is skipped like a damaged one, and the log gives the right bytes', async (t) => {
+  const mem = new MemoryObjectStore();
+  const { A, B, checkpoints } = await twoBlocks(mem);
+  t.true(checkpoints.length >= 1);
+  const key = checkpoints[checkpoints.length - 1]!;
+  const body = await mem.get(key);
+  t.true(body.subarray(0, 8).equals(CHECKPOINT_MAGIC_V6), 'a v6 (authenticated) checkpoint');
+  // Its extents at 0 and 1 MiB pointed at each other's bytes; written again as v6 with the crc made to fit and the old MAC.
+  const c = decodeCheckpoint(body, key);
+  const ext: [number, number, number, number][] = [];
+  await c.forEachExtent(16 * MiB, (o, l, src, so) => { ext.push([o, l, src, so]); }, async () => {});
+  const i0 = ext.findIndex((e) => e[0] === 0);
+  const i1 = ext.findIndex((e) => e[0] === MiB);
+  t.true(i0 >= 0 && i1 >= 0 && ext[i0]![2] === ext[i1]![2]);
+  [ext[i0]![3], ext[i1]![3]] = [ext[i1]![3], ext[i0]![3]];
+  const plain = await encodeCheckpoint({ volumeId: c.volumeId, seq: c.seq, token: c.token, ...(c.lastId !== undefined ? { lastId: c.lastId } : {}), time: new Date(0).toISOString() },
+    async (fn) => { for (const [o, l, src, so] of ext) { const obj = src >= 0 ? c.objects[src]! : null; fn(o, l, obj ? obj[0] : null, src, so, obj ? obj[1] : 0, obj ? obj[2] ?? null : null); } },
+    async () => {}, c.workingSet);
+  const checked = Buffer.concat([CHECKPOINT_MAGIC_V6, plain.subarray(8, plain.length - 4)]);
+  const crc = Buffer.alloc(4);
+  crc.writeUInt32LE(crc32(checked), 0);
+  await mem.delete(key);
+  await mem.put(key, Buffer.concat([checked, crc, body.subarray(body.length - 32)]));
+  // Without keys (accounting, GC) the checkpoint is read by its crc alone: they serve no data.
+  t.true((await host(mem, null).catalog.listWithAccounting()).some((i) => i.name === 'x'));
+  const v = await host(mem, K1).open('x', true);
+  t.true((await v.read(0, A.length)).equals(A), 'A at 0 (from the log), not B');
+  t.true((await v.read(MiB, B.length)).equals(B), 'B at 1 MiB');
+});
+
+test('an encrypted volume made before records were authenticated (its data key wrapped the old way) still reads and writes v3 records and v5 checkpoints; its fork authenticates its own', async (t) => {
+  const mem = new MemoryObjectStore();
+  const a = host(mem, K1);
+  await a.catalog.create('old', 16 * MiB, { encrypt: true });
+  // Its record as the code before wrote it: the data key wrapped without the "authenticated" mark.
+  const rec = decodeVolumeRecord(await mem.get(keys.volumeRecord('old')), 'old');
+  const enc = rec.data!.encryption!;
+  const dek = unwrapDataKey(K1, rec.id, enc.keys[rec.id]!)!;
+  t.true(dek.authenticated);
+  enc.keys[rec.id] = wrapDataKey(K1, rec.id, dek.dek, systemWorld, true);
+  t.false(unwrapDataKey(K1, rec.id, enc.keys[rec.id]!)!.authenticated);
+  for (const k of [keys.volumeRecord('old'), keys.meta(rec.id)]) { await mem.delete(k); await mem.put(k, encodeVolumeRecord(rec)); }
+  const data = secretText(300 * KiB, 3);
+  const v = await a.open('old');
+  await v.write(0, data, true);
+  await v.close();
+  const objs = (await listAll(mem, keys.volumePrefix(rec.id))).map((o) => o.key);
+  for (const k of objs.filter((x) => x.includes('/log/'))) t.true((await mem.get(k)).subarray(0, 8).equals(LOG_MAGIC_V3), `${k}: v3`);
+  for (const k of objs.filter((x) => x.includes('/checkpoint/'))) t.true((await mem.get(k)).subarray(0, 8).equals(CHECKPOINT_MAGIC), `${k}: v5`);
+  t.true((await (await host(mem, K1).open('old', true)).read(0, data.length)).equals(data));
+  await a.catalog.fork('old', 'new');
+  const f = await host(mem, K1).open('new');
+  t.true((await f.read(0, data.length)).equals(data), 'the fork reads its parent\'s unauthenticated records');
+  await f.write(0, secretText(4 * KiB, 4), true);
+  await f.close();
+  const fid = decodeVolumeRecord(await mem.get(keys.volumeRecord('new')), 'new').id;
+  const flogs = (await listAll(mem, keys.logPrefix(fid))).map((o) => o.key);
+  t.true(flogs.length > 0);
+  for (const k of flogs) t.true((await mem.get(k)).subarray(0, 8).equals(LOG_MAGIC_V4), `the fork's ${k}: v4`);
 });
 
 async function tempDir(t: ExecutionContext): Promise<string> {

@@ -22,7 +22,7 @@ const rnd = (seed: number, n: number): Buffer => { const r = seededRandom(seed);
 const text = (n: number): Buffer => { const b = Buffer.allocUnsafe(n); const s = 'export function add(a, b) { return a + b; } // node_modules\n'; for (let i = 0; i < n; i++) b[i] = s.charCodeAt(i % s.length); return b; };
 const plain = (compress: boolean): EncodeOptions => ({ compress, key: null, random: (n) => Buffer.alloc(n) });
 const DEK = randomBytes(32);
-const keysOf = (k: Buffer): FrameKeys => ({ writeKey: k, readKey: () => k });
+const keysOf = (k: Buffer): FrameKeys => ({ writeKey: k, readKey: () => k, writeMetaKey: null, metaKey: () => null });
 const enc = (compress: boolean): EncodeOptions => ({ compress, key: DEK, random: (n) => randomBytes(n) });
 
 function indexOf(lengths: Uint32Array, logical: number, base = 0, frameBytes = FRAME_BYTES): FrameIndex {
