@@ -19,7 +19,10 @@
  * path). Larger flushes upload full segments in parallel first, then the log record.
  *
  * Log record layout: v3 (framed data, issue 16): "BATONLG3" | u32 BE header length | u32 BE
- * crc32 of the header JSON | header JSON | inline data as frames (frames.ts). v1/v2 (still read,
+ * crc32 of the header JSON | header JSON | inline data as frames (frames.ts). An encrypted
+ * volume's records are v4, v3 with the header's MAC (MAC_BYTES) between the crc and the JSON,
+ * and its checkpoints v6 (CHECKPOINT_MAGIC_V6): a bucket writer cannot point its extents at
+ * other authentic frames (encodeLogRecord, CheckpointSum). v1/v2 (still read,
  * and written for volumes whose record says `data.format: 'raw'`): "BATONLG1" | u32 BE header
  * length | header JSON | raw inline data.
  * Extent sources in a header: >= 0 index into `segments`, INLINE (-1) the record's own
@@ -712,8 +715,9 @@ const CHECKPOINT_HEAD_BYTES = 1024 * 1024;
  * recovery's event loop 44-51 ms (bench/scale.ts, profiled), and which a host recovering
  * several big volumes at once holds for each. In ranges, a recovery holds two ranges.
  *
- * The crc covers every byte in order, so it is complete only when the walk ends: the walk
- * checks it last and throws CorruptError on a mismatch, after fn saw every extent. What fn
+ * The crc (and a v6 checkpoint's MAC, with `metaKey`: CheckpointSum) covers every byte in
+ * order, so it is complete only when the walk ends: the walk checks it last and throws
+ * CorruptError on a mismatch, after fn saw every extent. What fn
  * built from them is then not the checkpoint's and must be dropped (Volume.resetTo builds
  * a new map and keeps it only once the walk returned). Every extent is still checked on its
  * own as it goes (range, order, object), so nothing fn sees is out of range meanwhile.

@@ -14,6 +14,10 @@
  *   and adds a new key of its own (so a fork is made with the master key given); a snapshot
  *   writes nothing and carries its source's ring. Frames do not name their key: the object's
  *   key (`vol/<id>/...`) says which volume wrote it, and so which DEK (keyFor).
+ * - An encrypted volume's log records and checkpoints are authenticated (format.ts MAC) with
+ *   a key derived from the data key of the volume that wrote them (metaKeyOf): whoever can
+ *   write a volume's frames can write its records, a bucket writer cannot. Which volumes'
+ *   records must carry one is bound into the wrapping of their data keys (dekAad).
  * Why a key per volume rather than the parent's: each key's random nonces stay within its own
  * budget (2^32 frames per key: 128 TiB of 32 KiB frames), and a volume only ever writes with
  * its own key (compaction rewrites only a volume's own objects), so the key that encrypted a
