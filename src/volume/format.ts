@@ -724,7 +724,7 @@ const CHECKPOINT_HEAD_BYTES = 1024 * 1024;
  * A checkpoint is written once and never replaced (create-only), so its ranges are of one
  * version; were it deleted meanwhile, a read throws NotFoundError, like a whole read.
  *
- * Returns null for anything but a v5 checkpoint (older ones have no crc: read them whole).
+ * Returns null for anything but a v5/v6 checkpoint (older ones have no crc: read them whole).
  */
 export async function readCheckpointInRanges(src: CheckpointRanges, key: string, rangeBytes = CHECKPOINT_RANGE_BYTES, metaKey?: MetaKey): Promise<CheckpointData | null> {
   const size = src.size;
