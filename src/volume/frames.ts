@@ -6,21 +6,25 @@
  *
  *   0  u8  FRAME_MAGIC ('F')
  *   1  u8  FRAME_VERSION (1)
- *   2  u8  codec: CODEC_RAW (payload = logical bytes) or CODEC_LZ4 (LZ4 block, its u32 LE
- *          logical size first: lz4_flex's compress_prepend_size)
+ *   2  u8  codec: CODEC_BLOCKS (payload = each BLOCK_BYTES block of the logical bytes followed
+ *          by its u32 LE crc32, seeded with the binding and the block's index: what plaintext
+ *          frames that do not shrink are, since session 13), CODEC_LZ4 (LZ4 block, its u32 LE
+ *          logical size first: lz4_flex's compress_prepend_size) or CODEC_RAW (payload = the
+ *          logical bytes: plaintext frames written before, and the plaintext inside encrypted ones)
  *   3  u8  flags: FLAG_ENCRYPTED
  *   4  u32 LE logical length
  *   8  u32 LE payload length
  *   12 u32 LE crc32 of the logical bytes, seeded with the binding; 0 when encrypted (the crc
  *          is then the first 4 bytes of the plaintext: a plaintext crc in the clear would let
- *          anyone test guesses of the content)
+ *          anyone test guesses of the content) and for CODEC_BLOCKS (each block has its own)
  *   16 12 bytes: the AES-GCM nonce (encrypted frames), zero otherwise
  *   28 u32 LE crc32, seeded with the binding, of bytes 0..28 and, when the payload is
  *          compressed and not encrypted, of the payload
  *
  * The *binding* is the object's key and the frame's index in it: a frame copied to another
  * object or position fails its check, so a wrong object is caught like a flipped bit. Every
- * stored bit is under a check: a raw payload under the logical crc, a compressed payload under
+ * stored bit is under a check: a block of a CODEC_BLOCKS frame and its crc under that crc
+ * (its header under the header crc), a raw payload under the logical crc, a compressed payload under
  * the frame crc (checked before decompressing: the decoder never sees damaged input, and a
  * damaged size field cannot make it allocate), an encrypted payload (ciphertext + 16-byte tag)
  * under AES-256-GCM whose additional data is the binding and the header.
@@ -29,6 +33,15 @@
  * the object (log record header, checkpoint object table: format.ts), so a read needs no
  * request to find it; in memory it is a FrameIndex: cumulative stored offsets, one lookup per
  * frame whatever the object's size.
+ *
+ * Why blocks: a 4 KiB read of a frame checked as a whole reads and checks the whole frame, 8x
+ * the bytes it returns; a read of part of a CODEC_BLOCKS frame reads and checks only its blocks
+ * (planBlockRead), and a read of whole frames still lands in place (planDirectRead). In a
+ * plaintext object the stored length alone says a frame is CODEC_BLOCKS (blocksStored): a raw
+ * one is FRAME_HEADER + logical, an lz4 one shorter (it is kept only if it shrinks by 1/16),
+ * so a block read need not read the header first. (Not so in an encrypted object, where a
+ * frame's stored length can be anything from its header + tag up: block reads are for
+ * plaintext objects only.)
  */
 
 import { createCipheriv, createDecipheriv } from 'node:crypto';
@@ -43,6 +56,21 @@ export const FRAME_HEADER = 32;
 export const FRAME_BYTES = 32 * 1024;
 export const CODEC_RAW = 0;
 export const CODEC_LZ4 = 1;
+export const CODEC_BLOCKS = 2;
+/** Logical bytes per checked block of a CODEC_BLOCKS frame (a page: what a random reader asks for). */
+export const BLOCK_BYTES = 4096;
+const BLOCK_CRC = 4;
+const BLOCK_STRIDE = BLOCK_BYTES + BLOCK_CRC;
+
+/** Stored length of a CODEC_BLOCKS frame of `logical` bytes (header, blocks and their crcs). */
+export function blocksStored(logical: number): number {
+  return FRAME_HEADER + logical + BLOCK_CRC * Math.ceil(logical / BLOCK_BYTES);
+}
+
+/** The crc seed of block `k` of a frame whose seed is `fseed`: a block read at another index fails its check. */
+function blockSeed(fseed: number, k: number): number {
+  return (fseed ^ Math.imul(k + 1, 0x9e3779b1)) >>> 0;
+}
 export const FLAG_ENCRYPTED = 1;
 const GCM_TAG = 16;
 const NONCE = 12;
@@ -196,16 +224,17 @@ export interface EncodeOptions {
   key: Buffer | null;
   /** Nonces (World.randomBytes, so a simulator's run replays). */
   random: (n: number) => Buffer;
+  /** Write plaintext frames that do not shrink as CODEC_RAW, as before CODEC_BLOCKS (tests of old volumes). */
+  wholeRaw?: boolean;
 }
 
 /**
- * One frame: returns its stored pieces (header, payload), whose lengths add up to the
- * frame's stored length. A raw plaintext frame's payload is `logical` itself (no copy): the
- * caller must not change those bytes until they are stored.
+ * One frame: returns its stored pieces (header, payload pieces), whose lengths add up to the
+ * frame's stored length. A plaintext frame that is not compressed is CODEC_BLOCKS, its blocks
+ * views of `logical` (no copy): the caller must not change those bytes until they are stored.
  */
 export function encodeFrame(objectKey: string, seed: number, index: number, logical: Buffer, o: EncodeOptions): Buffer[] {
   const fseed = frameSeed(seed, index);
-  const crcL = crc32(logical, fseed);
   let codec = CODEC_RAW;
   let payload = logical;
   if (o.compress && native && !looksRandom(logical)) {
@@ -215,6 +244,22 @@ export function encodeFrame(objectKey: string, seed: number, index: number, logi
   const h = Buffer.alloc(FRAME_HEADER);
   h[0] = FRAME_MAGIC; h[1] = FRAME_VERSION; h[2] = codec;
   h.writeUInt32LE(logical.length, 4);
+  if (codec === CODEC_RAW && !o.key && !o.wholeRaw) {
+    // In blocks, each followed by its crc: the pieces are views of `logical` and of one buffer of crcs.
+    const n = Math.ceil(logical.length / BLOCK_BYTES);
+    const sums = Buffer.allocUnsafe(BLOCK_CRC * n);
+    const pieces: Buffer[] = [h];
+    for (let k = 0; k < n; k++) {
+      const block = logical.subarray(k * BLOCK_BYTES, Math.min((k + 1) * BLOCK_BYTES, logical.length));
+      sums.writeUInt32LE(crc32(block, blockSeed(fseed, k)), k * BLOCK_CRC);
+      pieces.push(block, sums.subarray(k * BLOCK_CRC, (k + 1) * BLOCK_CRC));
+    }
+    h[2] = CODEC_BLOCKS;
+    h.writeUInt32LE(logical.length + BLOCK_CRC * n, 8);
+    h.writeUInt32LE(crc32(h.subarray(0, 28), fseed), 28);
+    return pieces;
+  }
+  const crcL = crc32(logical, fseed);
   if (o.key) {
     h[3] = FLAG_ENCRYPTED;
     h.writeUInt32LE(4 + payload.length + GCM_TAG, 8);
@@ -425,8 +470,16 @@ export function decodeFrameParts(objectKey: string, seed: number, index: number,
   const fseed = frameSeed(seed, index);
   if (payloadLen !== payload.length) fail(`header says ${payloadLen} payload bytes, the index ${payload.length}`);
   if (logical !== expectLogical) fail(`header says ${logical} logical bytes, the index ${expectLogical}`);
-  if ((codec !== CODEC_RAW && codec !== CODEC_LZ4) || (flags & ~FLAG_ENCRYPTED) !== 0) fail(`unknown codec ${codec} or flags ${flags}`);
+  if ((codec !== CODEC_RAW && codec !== CODEC_LZ4 && codec !== CODEC_BLOCKS) || (flags & ~FLAG_ENCRYPTED) !== 0) fail(`unknown codec ${codec} or flags ${flags}`);
   let crcF = crc32(header.subarray(0, 28), fseed);
+  if (codec === CODEC_BLOCKS) {
+    if (flags !== 0) fail('an encrypted frame in blocks');
+    if (crcF !== header.readUInt32LE(28)) fail('frame checksum mismatch');
+    if (payloadLen !== blocksStored(logical) - FRAME_HEADER) fail(`${payloadLen} payload bytes for ${logical} logical bytes in blocks`);
+    const out = Buffer.allocUnsafe(logical);
+    checkBlocks(objectKey, index, fseed, payload, 0, 0, logical, logical, out, 0);
+    return out;
+  }
   if (flags & FLAG_ENCRYPTED) {
     if (crcF !== header.readUInt32LE(28)) fail('header checksum mismatch');
     if (payloadLen < 4 + GCM_TAG) fail('encrypted payload too short');
@@ -454,6 +507,27 @@ export function decodeFrameParts(objectKey: string, seed: number, index: number,
   return out;
 }
 
+/**
+ * Check blocks of a CODEC_BLOCKS frame (`frameLogical` bytes) and copy logical bytes
+ * [from, to) of the frame from them into out[outOff..]. `stored` holds the frame's payload
+ * from the start of block floor(from / BLOCK_BYTES), at `at`. Every block the range touches
+ * is checked before anything is copied from it (ChecksumError).
+ */
+function checkBlocks(objectKey: string, index: number, fseed: number, stored: Buffer, at: number, from: number, to: number, frameLogical: number, out: Buffer, outOff: number): void {
+  const b0 = Math.floor(from / BLOCK_BYTES);
+  for (let k = b0; k * BLOCK_BYTES < to; k++) {
+    const blockStart = k * BLOCK_BYTES;
+    const blockLen = Math.min(BLOCK_BYTES, frameLogical - blockStart);
+    const p = at + (k - b0) * BLOCK_STRIDE;
+    if (p + blockLen + BLOCK_CRC > stored.length) throw new ChecksumError(objectKey, index, `block ${k} runs past the bytes read`);
+    const block = stored.subarray(p, p + blockLen);
+    if (crc32(block, blockSeed(fseed, k)) !== stored.readUInt32LE(p + blockLen)) throw new ChecksumError(objectKey, index, `block ${k} checksum mismatch`);
+    const a = Math.max(from, blockStart);
+    const b = Math.min(to, blockStart + blockLen);
+    block.copy(out, outOff + (a - from), a - blockStart, b - blockStart);
+  }
+}
+
 function lz4OrFail(payload: Buffer, logical: number, fail: (why: string) => never): Buffer {
   try { return lz4Decode(payload, logical); } catch (err) { return fail(err instanceof Error ? err.message : String(err)); }
 }
@@ -471,53 +545,147 @@ export function copyFromFrames(objectKey: string, idx: FrameIndex, stored: Buffe
     const a = idx.base + idx.ends[i]! - start;
     const b = idx.base + idx.ends[i + 1]! - start;
     const frameStart = i * F;
-    const logical = decodeFrame(objectKey, seed, i, stored.subarray(a, b), Math.min(F, idx.logical - frameStart), keys);
+    const frameLogical = Math.min(F, idx.logical - frameStart);
     const from = Math.max(off, frameStart);
-    const to = Math.min(off + len, frameStart + logical.length);
+    const to = Math.min(off + len, frameStart + frameLogical);
+    const frame = stored.subarray(a, b);
+    if (frame.length >= FRAME_HEADER && frame[2] === CODEC_BLOCKS) {
+      // Only the blocks the range needs are checked (and the header, which says what the frame is).
+      checkBlocksHeader(objectKey, i, seed, frame, frameLogical);
+      checkBlocks(objectKey, i, frameSeed(seed, i), frame, FRAME_HEADER + Math.floor((from - frameStart) / BLOCK_BYTES) * BLOCK_STRIDE, from - frameStart, to - frameStart, frameLogical, out, outOff + (from - off));
+      continue;
+    }
+    const logical = decodeFrame(objectKey, seed, i, frame, frameLogical, keys);
     logical.copy(out, outOff + (from - off), from - frameStart, to - frameStart);
   }
 }
 
+/** The header of a frame whose codec byte says CODEC_BLOCKS: checked, and it must be one of `logical` bytes (ChecksumError). */
+function checkBlocksHeader(objectKey: string, index: number, seed: number, frame: Buffer, logical: number, stored = frame.length): void {
+  const fail = (why: string): never => { throw new ChecksumError(objectKey, index, why); };
+  if (frame[0] !== FRAME_MAGIC || frame[1] !== FRAME_VERSION) fail('not a frame header (magic/version)');
+  if (crc32(frame.subarray(0, 28), frameSeed(seed, index)) !== frame.readUInt32LE(28)) fail('frame checksum mismatch');
+  if (frame[3] !== 0) fail('an encrypted frame in blocks');
+  if (frame.readUInt32LE(4) !== logical) fail(`header says ${frame.readUInt32LE(4)} logical bytes, the index ${logical}`);
+  if (stored !== blocksStored(logical) || frame.readUInt32LE(8) !== stored - FRAME_HEADER) fail(`a frame in blocks of ${stored} stored bytes for ${logical} logical bytes`);
+}
+
+/**
+ * A read of part of one frame stored in blocks (CODEC_BLOCKS): the stored range of only the
+ * blocks it needs, [start, end) of the object. null when it is not such a read (the range
+ * spans frames, covers its frame whole, the frame is not blocks-sized) or the object's frames
+ * may be encrypted (`encrypted`: then its stored length does not say what a frame is; see
+ * the top of the file). The header is not read: the stored length (from metadata under its
+ * own check) says the layout, and each block's crc, seeded with the object, frame and block,
+ * says the bytes are the ones wanted (copyFromBlocks).
+ */
+export interface BlockRead { start: number; end: number; frame: number; from: number; to: number; frameLogical: number }
+
+export function planBlockRead(idx: FrameIndex, off: number, len: number, encrypted: boolean): BlockRead | null {
+  if (encrypted) return null;
+  const { first, last } = idx.span(off, len);
+  if (first !== last) return null;
+  const F = idx.frameBytes;
+  const frameStart = first * F;
+  const frameLogical = Math.min(F, idx.logical - frameStart);
+  if (idx.ends[first + 1]! - idx.ends[first]! !== blocksStored(frameLogical)) return null;
+  const from = off - frameStart;
+  const to = from + len;
+  if (from === 0 && to === frameLogical) return null;
+  const b0 = Math.floor(from / BLOCK_BYTES);
+  const b1 = Math.floor((to - 1) / BLOCK_BYTES);
+  const payload = idx.base + idx.ends[first]! + FRAME_HEADER;
+  const end = payload + b1 * BLOCK_STRIDE + Math.min(BLOCK_BYTES, frameLogical - b1 * BLOCK_BYTES) + BLOCK_CRC;
+  return { start: payload + b0 * BLOCK_STRIDE, end, frame: first, from, to, frameLogical };
+}
+
+/** Check the blocks of a block read (`stored`: its bytes [start, end)) and copy the range into out[outOff..] (ChecksumError). */
+export function copyFromBlocks(objectKey: string, r: BlockRead, stored: Buffer, out: Buffer, outOff: number): void {
+  if (stored.length !== r.end - r.start) throw new ChecksumError(objectKey, r.frame, `${stored.length} bytes read for blocks of ${r.end - r.start}`);
+  checkBlocks(objectKey, r.frame, frameSeed(keySeed(objectKey), r.frame), stored, 0, r.from, r.to, r.frameLogical, out, outOff);
+}
+
 /**
  * A read of logical bytes [off, off+len) whose frames can be read straight into `out`: every
- * frame of the span lies wholly inside the range and is stored raw-sized (its header and its
- * logical bytes: what a raw plaintext frame is). `parts` is the scatter list for the span's
- * stored bytes, each frame's header into a buffer of its own and its payload into its place in `out`;
- * null when the span is not like that (then the frames are read and decoded elsewhere first).
+ * frame of the span lies wholly inside the range and is stored raw-sized or blocks-sized (its
+ * header and its logical bytes, or those in blocks each followed by its crc: what plaintext
+ * frames that do not shrink are). `parts` is the scatter list for the span's stored bytes:
+ * each frame's header into a buffer of its own, its logical bytes into their place in `out`
+ * (block by block for a frame in blocks, each block's crc into a buffer of its own); null
+ * when the span is not like that (then the frames are read and decoded elsewhere first).
  */
-export interface DirectRead { parts: Buffer[]; first: number; last: number }
+export interface DirectRead {
+  parts: Buffer[];
+  first: number;
+  last: number;
+  /** Per frame of the span, its parts: [header, payload pieces...] (views of `parts`'s buffers). */
+  frames: Buffer[][];
+}
 
 export function planDirectRead(idx: FrameIndex, off: number, len: number, out: Buffer, outOff: number): DirectRead | null {
   const { first, last } = idx.span(off, len);
   const F = idx.frameBytes;
   if (first * F < off || Math.min((last + 1) * F, idx.logical) > off + len) return null;
+  let sums = 0;
   for (let i = first; i <= last; i++) {
-    if (idx.ends[i + 1]! - idx.ends[i]! !== FRAME_HEADER + Math.min(F, idx.logical - i * F)) return null;
+    const logical = Math.min(F, idx.logical - i * F);
+    const stored = idx.ends[i + 1]! - idx.ends[i]!;
+    if (stored === blocksStored(logical)) sums += Math.ceil(logical / BLOCK_BYTES);
+    else if (stored !== FRAME_HEADER + logical) return null;
   }
-  const headers = Buffer.allocUnsafe((last - first + 1) * FRAME_HEADER);
+  const headers = Buffer.allocUnsafe((last - first + 1) * FRAME_HEADER + sums * BLOCK_CRC);
+  let small = 0;
+  const take = (n: number): Buffer => headers.subarray(small, small += n);
   const parts: Buffer[] = [];
+  const frames: Buffer[][] = [];
   for (let i = first; i <= last; i++) {
-    const h = (i - first) * FRAME_HEADER;
+    const logical = Math.min(F, idx.logical - i * F);
     const at = outOff + (i * F - off);
-    parts.push(headers.subarray(h, h + FRAME_HEADER), out.subarray(at, at + Math.min(F, idx.logical - i * F)));
+    const frame = [take(FRAME_HEADER)];
+    if (idx.ends[i + 1]! - idx.ends[i]! === FRAME_HEADER + logical) frame.push(out.subarray(at, at + logical));
+    else {
+      for (let k = 0; k * BLOCK_BYTES < logical; k++) {
+        frame.push(out.subarray(at + k * BLOCK_BYTES, at + Math.min((k + 1) * BLOCK_BYTES, logical)), take(BLOCK_CRC));
+      }
+    }
+    frames.push(frame);
+    parts.push(...frame);
   }
-  return { parts, first, last };
+  return { parts, first, last, frames };
 }
 
 /**
- * Check (and, for a frame that was not raw after all, decode in place) the frames of a
- * direct read once its parts are filled: ChecksumError as decodeFrame. Before it returns,
+ * Check (and, for a frame that was not what its size suggests, decode in place) the frames of
+ * a direct read once its parts are filled: ChecksumError as decodeFrame. Before it returns,
  * no byte in `out` may be used.
  */
 export function finishDirectRead(objectKey: string, d: DirectRead, keys: FrameKeys | null): void {
   const seed = keySeed(objectKey);
   for (let i = d.first; i <= d.last; i++) {
-    const k = 2 * (i - d.first);
-    const payload = d.parts[k + 1]!;
-    const logical = decodeFrameParts(objectKey, seed, i, d.parts[k]!, payload, payload.length, keys);
-    // Raw: the payload is the logical bytes, in place. A raw-sized compressed frame decodes
-    // into a buffer of its own, the same length (checked above), copied over its payload.
-    if (logical !== payload) logical.copy(payload);
+    const [header, ...pieces] = d.frames[i - d.first]!;
+    if (pieces.length === 1) {
+      const payload = pieces[0]!;
+      const logical = decodeFrameParts(objectKey, seed, i, header!, payload, payload.length, keys);
+      // Raw: the payload is the logical bytes, in place. A raw-sized compressed or encrypted frame
+      // decodes into a buffer of its own, the same length (checked above), copied over its payload.
+      if (logical !== payload) logical.copy(payload);
+      continue;
+    }
+    // Blocks-sized: the logical bytes are the even pieces, in place, each checked by the crc after it.
+    let logicalLen = 0;
+    for (let k = 0; k < pieces.length; k += 2) logicalLen += pieces[k]!.length;
+    if (header![2] === CODEC_BLOCKS) {
+      const fseed = frameSeed(seed, i);
+      checkBlocksHeader(objectKey, i, seed, header!, logicalLen, blocksStored(logicalLen));
+      for (let k = 0; k < pieces.length; k += 2) {
+        if (crc32(pieces[k]!, blockSeed(fseed, k / 2)) !== pieces[k + 1]!.readUInt32LE(0)) throw new ChecksumError(objectKey, i, `block ${k / 2} checksum mismatch`);
+      }
+      continue;
+    }
+    // Another kind of frame of that size (an encrypted one can be): decode its stored bytes whole.
+    const logical = decodeFrameParts(objectKey, seed, i, header!, Buffer.concat(pieces), logicalLen, keys);
+    let at = 0;
+    for (let k = 0; k < pieces.length; k += 2) { logical.copy(pieces[k]!, 0, at, at + pieces[k]!.length); at += pieces[k]!.length; }
   }
 }
 

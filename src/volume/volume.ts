@@ -48,7 +48,7 @@ import {
   followsChain, framedSegmentRef, inlineFrames, keys, logHeaderEnd, maxOperationMs, recordCounts, segmentFrames, seqFromKey, timeBounds,
   type CheckpointData, type DataSettings, type LogHeader, type RecordExtent, type VolumeRecord, type WorkingSetData,
 } from './format.js';
-import { FRAME_BYTES, compressionAvailable, copyFromFrames, encodeObject, finishDirectRead, planDirectRead, lengthsToString, type EncodeOptions, type FrameIndex, type FrameKeys } from './frames.js';
+import { FRAME_BYTES, compressionAvailable, copyFromBlocks, copyFromFrames, encodeObject, finishDirectRead, planBlockRead, planDirectRead, lengthsToString, type EncodeOptions, type FrameIndex, type FrameKeys } from './frames.js';
 
 /** The lease token is not above the highest one in the log: re-acquire with `minToken`. */
 export class StaleTokenError extends BatonError {
@@ -937,7 +937,8 @@ export class Volume implements BlockBackend {
    * Bytes [off, off+len) of object `key` (`size` stored bytes) into out[outOff..]: in place for
    * a local store, else through the block cache (`readahead`: stored bytes to fetch beyond).
    * A framed object (`fr`) is read as the stored range of the frames that hold those logical
-   * bytes, and every one of them is checked before a byte of it is copied (frames.ts). One
+   * bytes, or for part of one frame stored in blocks as the range of those blocks
+   * (planBlockRead), and every frame or block is checked before a byte of it is copied (frames.ts). One
    * whose check fails is never returned: the error is logged with the object and frame, its
    * cached blocks are dropped, and the range is read once more straight from the store; a
    * second failure is a ChecksumError (EIO to the client). A raw object (written before issue
@@ -954,12 +955,18 @@ export class Volume implements BlockBackend {
       return;
     }
     if (this.data.encryption && !this.frameKeys) throw new KeyError(`volume ${this.name} is encrypted and was opened without its key: its data cannot be read`);
-    const sp = fr.span(off, len);
+    // Part of one frame stored in blocks (a random reader's 4 KiB): only its blocks are read
+    // and checked. Else whole frames, each checked before a byte of it is copied.
+    const blocks = planBlockRead(fr, off, len, this.data.encryption !== undefined);
+    const sp = blocks ?? fr.span(off, len);
     const n = sp.end - sp.start;
+    const decode = blocks !== null
+      ? (stored: Buffer): void => copyFromBlocks(key, blocks, stored, out, outOff)
+      : (stored: Buffer): void => copyFromFrames(key, fr, stored, off, len, out, outOff, this.frameKeys);
     if (local) {
       // Raw frames wholly inside the range (a sequential reader's): read straight into `out`,
       // each payload where its bytes belong, and checked there before the read returns.
-      const direct = planDirectRead(fr, off, len, out, outOff);
+      const direct = blocks === null ? planDirectRead(fr, off, len, out, outOff) : null;
       if (direct !== null) {
         await local.readv(key, sp.start, direct.parts);
         try {
@@ -971,7 +978,6 @@ export class Volume implements BlockBackend {
         }
       }
       // Else checked and decoded in the store's own buffer, lent for as long as that takes.
-      const decode = (stored: Buffer): void => copyFromFrames(key, fr, stored, off, len, out, outOff, this.frameKeys);
       try {
         await local.view(key, sp.start, n, decode);
         return;
@@ -990,7 +996,7 @@ export class Volume implements BlockBackend {
     const stored = this.takeScratch(n);
     await this.blockCache.read(this.store, key, size, sp.start, n, stored, 0, readahead);
     try {
-      copyFromFrames(key, fr, stored, off, len, out, outOff, this.frameKeys);
+      decode(stored);
       // Only here: the read into it has settled and every byte taken from it was copied out.
       this.returnScratch(stored);
       return;
@@ -1001,7 +1007,7 @@ export class Volume implements BlockBackend {
     this.blockCache.forget(key, sp.start, n);
     const again = await this.store.get(key, { offset: sp.start, length: n });
     try {
-      copyFromFrames(key, fr, again, off, len, out, outOff, this.frameKeys);
+      decode(again);
     } catch (err) {
       if (err instanceof ChecksumError) this.log.error({ key, frame: err.frame, reason: err.reason, start: sp.start, end: sp.end }, 'stored data failed its check again: the read fails (EIO), no bytes of it are returned');
       throw err;

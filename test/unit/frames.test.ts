@@ -13,7 +13,7 @@ import {
   checkCheckpoint, decodeCheckpoint, decodeLogHeader, encodeCheckpoint, encodeLogRecord, framedSegmentRef, inlineFrames, segmentFrames, type LogHeader,
 } from '../../src/volume/format.js';
 import {
-  CODEC_LZ4, CODEC_RAW, FRAME_BYTES, FRAME_HEADER, FrameIndex, compressionAvailable, copyFromFrames, decodeFrame, decodeLz4Block, encodeFrame, encodeObject, encodeObjectSync, keySeed, crc32, nativeCrcAvailable, planDirectRead, finishDirectRead,
+  BLOCK_BYTES, CODEC_BLOCKS, CODEC_LZ4, CODEC_RAW, FRAME_BYTES, copyFromBlocks, planBlockRead, type DirectRead, FRAME_HEADER, FrameIndex, compressionAvailable, copyFromFrames, decodeFrame, decodeLz4Block, encodeFrame, encodeObject, encodeObjectSync, keySeed, crc32, nativeCrcAvailable, planDirectRead, finishDirectRead,
   lengthsFromString, lengthsToString, looksRandom, scanFrames, type EncodeOptions, type FrameKeys,
 } from '../../src/volume/frames.js';
 
@@ -37,7 +37,7 @@ function readBack(body: Buffer, idx: FrameIndex, off: number, len: number, keys:
   return out;
 }
 
-test('round trip: any size, any split into parts, any sub-range; compressible frames are lz4, random ones raw', (t) => {
+test('round trip: any size, any split into parts, any sub-range; compressible frames are lz4, random ones in checked blocks', (t) => {
   for (const size of [1, 4095, FRAME_BYTES - 1, FRAME_BYTES, FRAME_BYTES + 1, 3 * FRAME_BYTES + 777, 300_000]) {
     for (const [name, data] of [['text', text(size)], ['random', rnd(size, size)]] as const) {
       // Parts cut at odd places: frames that span parts are gathered, others are views.
@@ -58,18 +58,18 @@ test('round trip: any size, any split into parts, any sub-range; compressible fr
         }
         const codec = body[2];
         if (compress && compressionAvailable && name === 'text' && size >= 4096) t.is(codec, CODEC_LZ4, 'text is compressed');
-        if (name === 'random' || !compress) t.is(codec, CODEC_RAW, 'random bytes and compression off: raw');
+        if (name === 'random' || !compress) t.is(codec, CODEC_BLOCKS, 'random bytes and compression off: in checked blocks');
       }
     }
   }
 });
 
-test('compression: text frames shrink a lot; random ones are not even tried (looksRandom) and cost 32 bytes each', (t) => {
+test('compression: text frames shrink a lot; random ones are not even tried (looksRandom) and cost 32 bytes each and 4 per block', (t) => {
   const size = 1024 * 1024;
   const tx = encodeObjectSync(KEY, [text(size)], size, plain(true));
   if (compressionAvailable) t.true(tx.stored < size / 5, `text: ${tx.stored} of ${size}`);
   const rd = encodeObjectSync(KEY, [rnd(1, size)], size, plain(true));
-  t.is(rd.stored, size + (size / FRAME_BYTES) * FRAME_HEADER);
+  t.is(rd.stored, size + (size / FRAME_BYTES) * FRAME_HEADER + (size / BLOCK_BYTES) * 4, 'a header per frame and a crc per 4 KiB block');
   t.true(looksRandom(rnd(2, FRAME_BYTES)));
   t.false(looksRandom(text(FRAME_BYTES)));
   t.false(looksRandom(Buffer.from(rnd(3, 24 * 1024).toString('base64')).subarray(0, FRAME_BYTES)), 'base64 is 6 bits a byte: tried');
@@ -77,7 +77,8 @@ test('compression: text frames shrink a lot; random ones are not even tried (loo
 
 test('every single-bit flip of a stored frame is detected: raw, compressed and encrypted frames', (t) => {
   const cases: [string, Buffer, EncodeOptions, FrameKeys | null][] = [
-    ['raw', rnd(9, 2048), plain(false), null],
+    ['blocks', rnd(9, 9000), plain(false), null],
+    ['raw (before blocks)', rnd(9, 2048), { ...plain(false), wholeRaw: true }, null],
     ['lz4', text(8192), plain(true), null],
     ['encrypted raw', rnd(10, 1024), enc(false), keysOf(DEK)],
     ['encrypted lz4', text(8192), enc(true), keysOf(DEK)],
@@ -103,7 +104,7 @@ test('every single-bit flip of a stored frame is detected: raw, compressed and e
 
 test('random multi-bit damage, truncation, another object\'s or position\'s frame, another key: all ChecksumError, never bytes', (t) => {
   const data = text(3 * FRAME_BYTES);
-  for (const [o, keys] of [[plain(true), null], [plain(false), null], [enc(true), keysOf(DEK)]] as const) {
+  for (const [o, keys] of [[plain(true), null], [plain(false), null], [{ ...plain(false), wholeRaw: true }, null], [enc(true), keysOf(DEK)]] as const) {
     const e = encodeObjectSync(KEY, [data], data.length, o);
     const body = Buffer.concat(e.pieces);
     const idx = indexOf(e.lengths, data.length);
@@ -244,14 +245,14 @@ test('the frame checksum is zlib\'s crc32, whichever implementation computes it 
   t.is(crc32(b, crc32(a, 99)), zlibCrc32(data.subarray(0, 40_000), 99));
 });
 
-test('direct reads: only whole raw-sized frames are planned straight into the buffer; filled and finished, they are the logical bytes, and a damaged one is a ChecksumError', (t) => {
+test('direct reads: only whole frames stored raw or in blocks are planned straight into the buffer; filled and finished, they are the logical bytes, and a damaged one is a ChecksumError', (t) => {
   const F = FRAME_BYTES;
   // Frames 0-3 random (raw), 4-5 text (lz4 when available), 6 random and short.
   const data = Buffer.concat([rnd(21, 4 * F), text(2 * F), rnd(22, F - 100)]);
   const e = encodeObjectSync(KEY, [data], data.length, plain(true));
   const body = Buffer.concat(e.pieces);
   const idx = indexOf(e.lengths, data.length);
-  const read = (off: number, len: number, damageAt = -1): Buffer | null | Error => {
+  const read = (off: number, len: number, damage?: (d: DirectRead) => void): Buffer | null | Error => {
     const out = Buffer.alloc(len + 10, 0xaa);
     const d = planDirectRead(idx, off, len, out, 5);
     if (d === null) return null;
@@ -259,7 +260,7 @@ test('direct reads: only whole raw-sized frames are planned straight into the bu
     let at = sp.start;
     for (const p of d.parts) { body.copy(p, 0, at, at + p.length); at += p.length; }
     t.is(at, sp.end, 'the parts cover the span exactly');
-    if (damageAt >= 0) d.parts[damageAt]![7]! ^= 1;
+    damage?.(d);
     try { finishDirectRead(KEY, d, null); } catch (err) { return err as Error; }
     t.is(out[4], 0xaa, 'nothing before outOff');
     t.is(out[5 + len], 0xaa, 'nothing after the range');
@@ -271,6 +272,63 @@ test('direct reads: only whole raw-sized frames are planned straight into the bu
   t.is(read(0, 4 * F - 1), null, 'a frame not wholly inside');
   t.is(read(1, F), null, 'unaligned');
   if (compressionAvailable) t.is(read(4 * F, 2 * F), null, 'compressed frames are decoded elsewhere');
-  t.true(read(0, 2 * F, 1) instanceof ChecksumError, 'a damaged payload');
-  t.true(read(0, 2 * F, 2) instanceof ChecksumError, 'a damaged header');
+  t.true(read(0, 2 * F, (d) => { d.frames[0]![1]![7]! ^= 1; }) instanceof ChecksumError, 'a damaged block');
+  t.true(read(0, 2 * F, (d) => { d.frames[1]![4]![1]! ^= 1; }) instanceof ChecksumError, 'a damaged block crc');
+  t.true(read(0, 2 * F, (d) => { d.frames[1]![0]![7]! ^= 1; }) instanceof ChecksumError, 'a damaged header');
+  t.true(read(0, 2 * F, (d) => { const [a, b] = [d.frames[0]![1]!, d.frames[0]![3]!]; const x = Buffer.from(a); a.set(b); b.set(x); const [c, e] = [d.frames[0]![2]!, d.frames[0]![4]!]; const y = Buffer.from(c); c.set(e); e.set(y); }) instanceof ChecksumError, 'two blocks swapped with their crcs');
+  // Frames written before blocks (raw-sized) are read in place the same way.
+  const old = encodeObjectSync(KEY, [data], data.length, { ...plain(true), wholeRaw: true });
+  const oldBody = Buffer.concat(old.pieces);
+  const oldIdx = indexOf(old.lengths, data.length);
+  const o = planDirectRead(oldIdx, 0, 4 * F, Buffer.alloc(4 * F), 0)!;
+  t.is(o.parts.length, 8, 'a header and the payload per raw-sized frame');
+  let at = 0;
+  for (const p of o.parts) { oldBody.copy(p, 0, at, at + p.length); at += p.length; }
+  finishDirectRead(KEY, o, null);
+  t.true(Buffer.concat(o.frames.map((f) => f[1]!)).equals(data.subarray(0, 4 * F)));
+});
+
+test('block reads: part of a frame in blocks reads and checks only its blocks; a damaged or moved block is a ChecksumError; none for whole, spanning, compressed, old or encrypted frames', (t) => {
+  const F = FRAME_BYTES;
+  const data = Buffer.concat([rnd(31, 3 * F), text(F), rnd(32, F - 1000)]);
+  const e = encodeObjectSync(KEY, [data], data.length, plain(true));
+  const body = Buffer.concat(e.pieces);
+  const idx = indexOf(e.lengths, data.length, 100);
+  const stored = Buffer.concat([Buffer.alloc(100), body]); // the frames start at 100 (a log record's data)
+  const r = seededRandom(3);
+  for (let k = 0; k < 400; k++) {
+    const frame = [0, 1, 2, 4][k % 4]!;
+    const fl = frame === 4 ? F - 1000 : F;
+    const from = Math.floor(r() * fl);
+    const len = 1 + Math.floor(r() * Math.min(fl - from, k % 3 === 0 ? 100 : 9000));
+    const off = frame * F + from;
+    const plan = planBlockRead(idx, off, len, false);
+    if (from === 0 && len === fl) { t.is(plan, null, 'a whole frame is not a block read'); continue; }
+    t.truthy(plan);
+    const blocks = Math.floor((from + len - 1) / BLOCK_BYTES) - Math.floor(from / BLOCK_BYTES) + 1;
+    t.true(plan!.end - plan!.start <= blocks * (BLOCK_BYTES + 4), 'no more than the blocks it needs');
+    const out = Buffer.alloc(len + 2, 0xee);
+    copyFromBlocks(KEY, plan!, stored.subarray(plan!.start, plan!.end), out, 1);
+    t.true(out.subarray(1, 1 + len).equals(data.subarray(off, off + len)), `[${off}, +${len})`);
+    t.is(out[0], 0xee); t.is(out[len + 1], 0xee);
+  }
+  t.is(planBlockRead(idx, F - 10, 20, false), null, 'spans two frames');
+  if (compressionAvailable) t.is(planBlockRead(idx, 3 * F + 10, 20, false), null, 'a compressed frame');
+  t.is(planBlockRead(idx, 10, 20, true), null, 'an object whose frames may be encrypted');
+  const old = encodeObjectSync(KEY, [data], data.length, { ...plain(true), wholeRaw: true });
+  t.is(planBlockRead(indexOf(old.lengths, data.length), 10, 20, false), null, 'a raw-sized frame (before blocks)');
+  // Every flipped byte of what a block read reads fails it; another object's or frame's blocks too.
+  const plan = planBlockRead(idx, F + 5000, 5000, false)!;
+  const bytes = stored.subarray(plan.start, plan.end);
+  for (let i = 0; i < bytes.length; i++) {
+    const bad = Buffer.from(bytes);
+    bad[i]! ^= 0x40;
+    t.throws(() => copyFromBlocks(KEY, plan, bad, Buffer.alloc(5000), 0), { instanceOf: ChecksumError }, `byte ${i}`);
+  }
+  t.throws(() => copyFromBlocks('vol/0123456789abcdef/seg/other', plan, bytes, Buffer.alloc(5000), 0), { instanceOf: ChecksumError });
+  t.throws(() => copyFromBlocks(KEY, { ...plan, frame: 2 }, bytes, Buffer.alloc(5000), 0), { instanceOf: ChecksumError });
+  t.throws(() => copyFromBlocks(KEY, plan, bytes.subarray(0, bytes.length - 1), Buffer.alloc(5000), 0), { instanceOf: ChecksumError }, 'short');
+  // Block 1's bytes and crc read as block 2's (a plan shifted by one block): fails.
+  const shifted = { ...plan, from: plan.from + BLOCK_BYTES, to: plan.to + BLOCK_BYTES };
+  t.throws(() => copyFromBlocks(KEY, shifted, bytes, Buffer.alloc(5000), 0), { instanceOf: ChecksumError });
 });
