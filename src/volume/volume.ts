@@ -48,7 +48,7 @@ import {
   followsChain, framedSegmentRef, inlineFrames, keys, logHeaderEnd, maxOperationMs, recordCounts, segmentFrames, seqFromKey, timeBounds,
   type CheckpointData, type DataSettings, type LogHeader, type RecordExtent, type VolumeRecord, type WorkingSetData,
 } from './format.js';
-import { FRAME_BYTES, compressionAvailable, copyFromBlocks, copyFromFrames, encodeObject, finishDirectRead, planBlockRead, planDirectRead, lengthsToString, type EncodeOptions, type FrameIndex, type FrameKeys } from './frames.js';
+import { FRAME_BYTES, compressionAvailable, copyFromBlocks, copyFromFrames, encodeObject, finishDirectRead, planBlockRead, planDirectRead, lengthsToString, type BlockRead, type EncodeOptions, type FrameIndex, type FrameKeys } from './frames.js';
 
 /** The lease token is not above the highest one in the log: re-acquire with `minToken`. */
 export class StaleTokenError extends BatonError {
@@ -956,17 +956,16 @@ export class Volume implements BlockBackend {
     }
     if (this.data.encryption && !this.frameKeys) throw new KeyError(`volume ${this.name} is encrypted and was opened without its key: its data cannot be read`);
     // Part of one frame stored in blocks (a random reader's 4 KiB): only its blocks are read
-    // and checked. Else whole frames, each checked before a byte of it is copied.
+    // and checked (readBlocks). Else whole frames, each checked before a byte of it is copied.
     const blocks = planBlockRead(fr, off, len, this.data.encryption !== undefined);
-    const sp = blocks ?? fr.span(off, len);
+    if (blocks !== null) return this.readBlocks(key, size, blocks, out, outOff, readahead);
+    const sp = fr.span(off, len);
     const n = sp.end - sp.start;
-    const decode = blocks !== null
-      ? (stored: Buffer): void => copyFromBlocks(key, blocks, stored, out, outOff)
-      : (stored: Buffer): void => copyFromFrames(key, fr, stored, off, len, out, outOff, this.frameKeys);
+    const decode = (stored: Buffer): void => copyFromFrames(key, fr, stored, off, len, out, outOff, this.frameKeys);
     if (local) {
       // Raw frames wholly inside the range (a sequential reader's): read straight into `out`,
       // each payload where its bytes belong, and checked there before the read returns.
-      const direct = blocks === null ? planDirectRead(fr, off, len, out, outOff) : null;
+      const direct = planDirectRead(fr, off, len, out, outOff);
       if (direct !== null) {
         await local.readv(key, sp.start, direct.parts);
         try {
@@ -1010,6 +1009,51 @@ export class Volume implements BlockBackend {
       decode(again);
     } catch (err) {
       if (err instanceof ChecksumError) this.log.error({ key, frame: err.frame, reason: err.reason, start: sp.start, end: sp.end }, 'stored data failed its check again: the read fails (EIO), no bytes of it are returned');
+      throw err;
+    }
+  }
+
+  /**
+   * readObject of part of one frame stored in blocks (planBlockRead): its crc table entries and
+   * its blocks, two small reads, checked as copyFromBlocks says; a failed check is handled as
+   * in readObject (logged, the cached blocks dropped, read once more from the store, then EIO).
+   */
+  private async readBlocks(key: string, size: number, r: BlockRead, out: Buffer, outOff: number, readahead: number): Promise<void> {
+    const local = this.local;
+    const where = { key, frame: r.frame, table: r.tableStart, data: r.dataStart };
+    const attempt = async (fromStore: boolean): Promise<void> => {
+      const table = Buffer.allocUnsafe(r.tableLength);
+      if (local) {
+        await local.read(key, r.tableStart, r.tableLength, table, 0);
+        await local.view(key, r.dataStart, r.dataLength, (data) => copyFromBlocks(key, r, table, data, out, outOff));
+        return;
+      }
+      if (fromStore) {
+        const [t, d] = await Promise.all([this.store.get(key, { offset: r.tableStart, length: r.tableLength }), this.store.get(key, { offset: r.dataStart, length: r.dataLength })]);
+        copyFromBlocks(key, r, t, d, out, outOff);
+        return;
+      }
+      // Dropped, not pooled, if anything fails: a read still in flight may land in it.
+      const data = this.takeScratch(r.dataLength);
+      await Promise.all([
+        this.blockCache.read(this.store, key, size, r.tableStart, r.tableLength, table, 0),
+        this.blockCache.read(this.store, key, size, r.dataStart, r.dataLength, data, 0, readahead),
+      ]);
+      copyFromBlocks(key, r, table, data, out, outOff);
+      this.returnScratch(data);
+    };
+    try {
+      await attempt(false);
+      return;
+    } catch (err) {
+      if (!(err instanceof ChecksumError)) throw err;
+      this.log.error({ ...where, reason: err.reason }, 'stored data failed its check; reading it again from the store');
+    }
+    if (!local) this.blockCache.forget(key, r.tableStart, r.dataStart + r.dataLength - r.tableStart);
+    try {
+      await attempt(true);
+    } catch (err) {
+      if (err instanceof ChecksumError) this.log.error({ ...where, reason: err.reason }, 'stored data failed its check again: the read fails (EIO), no bytes of it are returned');
       throw err;
     }
   }

@@ -272,10 +272,15 @@ test('direct reads: only whole frames stored raw or in blocks are planned straig
   t.is(read(0, 4 * F - 1), null, 'a frame not wholly inside');
   t.is(read(1, F), null, 'unaligned');
   if (compressionAvailable) t.is(read(4 * F, 2 * F), null, 'compressed frames are decoded elsewhere');
-  t.true(read(0, 2 * F, (d) => { d.frames[0]![1]![7]! ^= 1; }) instanceof ChecksumError, 'a damaged block');
-  t.true(read(0, 2 * F, (d) => { d.frames[1]![4]![1]! ^= 1; }) instanceof ChecksumError, 'a damaged block crc');
-  t.true(read(0, 2 * F, (d) => { d.frames[1]![0]![7]! ^= 1; }) instanceof ChecksumError, 'a damaged header');
-  t.true(read(0, 2 * F, (d) => { const [a, b] = [d.frames[0]![1]!, d.frames[0]![3]!]; const x = Buffer.from(a); a.set(b); b.set(x); const [c, e] = [d.frames[0]![2]!, d.frames[0]![4]!]; const y = Buffer.from(c); c.set(e); e.set(y); }) instanceof ChecksumError, 'two blocks swapped with their crcs');
+  t.is(planDirectRead(idx, 0, 2 * F, Buffer.alloc(2 * F), 0)!.parts.length, 4, 'two pieces per frame in blocks: header and crc table, logical bytes');
+  t.true(read(0, 2 * F, (d) => { d.parts[1]![7]! ^= 1; }) instanceof ChecksumError, 'a damaged block');
+  t.true(read(0, 2 * F, (d) => { d.parts[2]![FRAME_HEADER + 5]! ^= 1; }) instanceof ChecksumError, 'a damaged crc table entry');
+  t.true(read(0, 2 * F, (d) => { d.parts[2]![7]! ^= 1; }) instanceof ChecksumError, 'a damaged header');
+  t.true(read(0, 2 * F, (d) => {
+    // Blocks 0 and 1 swapped, with their table entries.
+    const p = d.parts[1]!; const x = Buffer.from(p.subarray(0, BLOCK_BYTES)); p.copy(p, 0, BLOCK_BYTES, 2 * BLOCK_BYTES); x.copy(p, BLOCK_BYTES);
+    const h = d.parts[0]!; const y = Buffer.from(h.subarray(FRAME_HEADER, FRAME_HEADER + 4)); h.copy(h, FRAME_HEADER, FRAME_HEADER + 4, FRAME_HEADER + 8); y.copy(h, FRAME_HEADER + 4);
+  }) instanceof ChecksumError, 'two blocks swapped with their crcs');
   // Frames written before blocks (raw-sized) are read in place the same way.
   const old = encodeObjectSync(KEY, [data], data.length, { ...plain(true), wholeRaw: true });
   const oldBody = Buffer.concat(old.pieces);
@@ -285,7 +290,7 @@ test('direct reads: only whole frames stored raw or in blocks are planned straig
   let at = 0;
   for (const p of o.parts) { oldBody.copy(p, 0, at, at + p.length); at += p.length; }
   finishDirectRead(KEY, o, null);
-  t.true(Buffer.concat(o.frames.map((f) => f[1]!)).equals(data.subarray(0, 4 * F)));
+  t.true(Buffer.concat(o.parts.filter((_, i) => i % 2 === 1)).equals(data.subarray(0, 4 * F)));
 });
 
 test('block reads: part of a frame in blocks reads and checks only its blocks; a damaged or moved block is a ChecksumError; none for whole, spanning, compressed, old or encrypted frames', (t) => {
@@ -306,9 +311,10 @@ test('block reads: part of a frame in blocks reads and checks only its blocks; a
     if (from === 0 && len === fl) { t.is(plan, null, 'a whole frame is not a block read'); continue; }
     t.truthy(plan);
     const blocks = Math.floor((from + len - 1) / BLOCK_BYTES) - Math.floor(from / BLOCK_BYTES) + 1;
-    t.true(plan!.end - plan!.start <= blocks * (BLOCK_BYTES + 4), 'no more than the blocks it needs');
+    t.is(plan!.tableLength, blocks * 4, 'the table entries of the blocks it needs');
+    t.true(plan!.dataLength <= blocks * BLOCK_BYTES, 'no more than the blocks it needs');
     const out = Buffer.alloc(len + 2, 0xee);
-    copyFromBlocks(KEY, plan!, stored.subarray(plan!.start, plan!.end), out, 1);
+    copyFromBlocks(KEY, plan!, stored.subarray(plan!.tableStart, plan!.tableStart + plan!.tableLength), stored.subarray(plan!.dataStart, plan!.dataStart + plan!.dataLength), out, 1);
     t.true(out.subarray(1, 1 + len).equals(data.subarray(off, off + len)), `[${off}, +${len})`);
     t.is(out[0], 0xee); t.is(out[len + 1], 0xee);
   }
@@ -319,16 +325,19 @@ test('block reads: part of a frame in blocks reads and checks only its blocks; a
   t.is(planBlockRead(indexOf(old.lengths, data.length), 10, 20, false), null, 'a raw-sized frame (before blocks)');
   // Every flipped byte of what a block read reads fails it; another object's or frame's blocks too.
   const plan = planBlockRead(idx, F + 5000, 5000, false)!;
-  const bytes = stored.subarray(plan.start, plan.end);
-  for (let i = 0; i < bytes.length; i++) {
-    const bad = Buffer.from(bytes);
-    bad[i]! ^= 0x40;
-    t.throws(() => copyFromBlocks(KEY, plan, bad, Buffer.alloc(5000), 0), { instanceOf: ChecksumError }, `byte ${i}`);
+  const table = stored.subarray(plan.tableStart, plan.tableStart + plan.tableLength);
+  const bytes = stored.subarray(plan.dataStart, plan.dataStart + plan.dataLength);
+  for (const [which, b] of [['table', table], ['data', bytes]] as const) {
+    for (let i = 0; i < b.length; i++) {
+      const bad = Buffer.from(b);
+      bad[i]! ^= 0x40;
+      t.throws(() => copyFromBlocks(KEY, plan, which === 'table' ? bad : table, which === 'data' ? bad : bytes, Buffer.alloc(5000), 0), { instanceOf: ChecksumError }, `${which} byte ${i}`);
+    }
   }
-  t.throws(() => copyFromBlocks('vol/0123456789abcdef/seg/other', plan, bytes, Buffer.alloc(5000), 0), { instanceOf: ChecksumError });
-  t.throws(() => copyFromBlocks(KEY, { ...plan, frame: 2 }, bytes, Buffer.alloc(5000), 0), { instanceOf: ChecksumError });
-  t.throws(() => copyFromBlocks(KEY, plan, bytes.subarray(0, bytes.length - 1), Buffer.alloc(5000), 0), { instanceOf: ChecksumError }, 'short');
+  t.throws(() => copyFromBlocks('vol/0123456789abcdef/seg/other', plan, table, bytes, Buffer.alloc(5000), 0), { instanceOf: ChecksumError });
+  t.throws(() => copyFromBlocks(KEY, { ...plan, frame: 2 }, table, bytes, Buffer.alloc(5000), 0), { instanceOf: ChecksumError });
+  t.throws(() => copyFromBlocks(KEY, plan, table, bytes.subarray(0, bytes.length - 1), Buffer.alloc(5000), 0), { instanceOf: ChecksumError }, 'short');
   // Block 1's bytes and crc read as block 2's (a plan shifted by one block): fails.
   const shifted = { ...plan, from: plan.from + BLOCK_BYTES, to: plan.to + BLOCK_BYTES };
-  t.throws(() => copyFromBlocks(KEY, shifted, bytes, Buffer.alloc(5000), 0), { instanceOf: ChecksumError });
+  t.throws(() => copyFromBlocks(KEY, shifted, table, bytes, Buffer.alloc(5000), 0), { instanceOf: ChecksumError });
 });
