@@ -445,7 +445,7 @@ export function lengthsFromString(s: unknown, what: string): Uint32Array {
 /**
  * Decode frame `index` of object `objectKey` from its stored bytes `frame` (exactly its
  * stored length), checking everything: ChecksumError (a CorruptError) if anything is off.
- * A raw plaintext frame's result is a view of `frame`.
+ * A raw plaintext frame's result is a view of `frame`, as is one in blocks' (its logical bytes).
  */
 export function decodeFrame(objectKey: string, seed: number, index: number, frame: Buffer, expectLogical: number, keys: FrameKeys | null): Buffer {
   if (frame.length < FRAME_HEADER) throw new ChecksumError(objectKey, index, `${frame.length} bytes, shorter than a frame header`);
@@ -455,7 +455,7 @@ export function decodeFrame(objectKey: string, seed: number, index: number, fram
 /**
  * decodeFrame of a frame whose header (FRAME_HEADER bytes) and payload lie apart: read
  * straight into where their logical bytes belong (Volume.readObject). A raw plaintext
- * frame's result is `payload` itself.
+ * frame's result is `payload` itself, one in blocks' a view of it.
  */
 export function decodeFrameParts(objectKey: string, seed: number, index: number, header: Buffer, payload: Buffer, expectLogical: number, keys: FrameKeys | null): Buffer {
   const fail = (why: string): never => { throw new ChecksumError(objectKey, index, why); };
