@@ -439,6 +439,11 @@ function checkedTrailer(b: Buffer): number {
   return m.equals(CHECKPOINT_MAGIC) ? 4 : m.equals(CHECKPOINT_MAGIC_V6) ? 4 + MAC_BYTES : 0;
 }
 
+/** A reader with a metadata key takes only authenticated (v6) checkpoints. */
+function requireMac(key: string, v6: boolean, metaKey: MetaKey): void {
+  if (metaKey && !v6) throw new CorruptError(`${key}: checkpoint of an encrypted volume without its MAC (its checkpoints are authenticated: this one was not written by it)`);
+}
+
 /**
  * The running check of a v5/v6 checkpoint's bytes (the crc, and the MAC when the reader has the
  * key). `metaKey` (MetaKey) with a key: the checkpoint must be v6, else CorruptError.
@@ -446,8 +451,8 @@ function checkedTrailer(b: Buffer): number {
 class CheckpointSum {
   private crc = 0;
   private readonly mac: Hmac | null;
-  constructor(private readonly key: string, private readonly v6: boolean, metaKey: MetaKey) {
-    if (metaKey && !v6) throw new CorruptError(`${key}: checkpoint of an encrypted volume without its MAC (its checkpoints are authenticated: this one was not written by it)`);
+  constructor(private readonly key: string, v6: boolean, metaKey: MetaKey) {
+    requireMac(key, v6, metaKey);
     this.mac = metaKey && v6 ? metadataMac(metaKey, 'checkpoint', key) : null;
   }
   update(b: Buffer): void {
@@ -733,9 +738,9 @@ export async function readCheckpointInRanges(src: CheckpointRanges, key: string,
   let headBuf = await src.read(0, headBytes);
   const trailer = checkedTrailer(headBuf);
   if (trailer === 0) return null;
-  // Refuses a v5 checkpoint where a MAC is needed before anything of it is used.
+  // A v5 checkpoint where a MAC is needed is refused here, before anything of it is used.
+  requireMac(key, trailer > 4, metaKey);
   const newSum = (): CheckpointSum => new CheckpointSum(key, trailer > 4, metaKey);
-  newSum();
   let head: CheckpointHead;
   for (;;) {
     try {

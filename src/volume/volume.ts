@@ -962,75 +962,73 @@ export class Volume implements BlockBackend {
     const sp = fr.span(off, len);
     const n = sp.end - sp.start;
     const decode = (stored: Buffer): void => copyFromFrames(key, fr, stored, off, len, out, outOff, this.frameKeys);
+    const where = { key, start: sp.start, end: sp.end };
     if (local) {
+      // Checked and decoded in the store's own buffer, lent for as long as that takes.
+      const view = (): Promise<void> => local.view(key, sp.start, n, decode);
       // Raw frames wholly inside the range (a sequential reader's): read straight into `out`,
       // each payload where its bytes belong, and checked there before the read returns.
       const direct = planDirectRead(fr, off, len, out, outOff);
-      if (direct !== null) {
+      const inPlace = direct && (async (): Promise<void> => {
         await local.readv(key, sp.start, direct.parts);
-        try {
-          finishDirectRead(key, direct, this.frameKeys);
-          return;
-        } catch (err) {
-          if (!(err instanceof ChecksumError)) throw err;
-          this.log.error({ key, frame: err.frame, reason: err.reason, start: sp.start, end: sp.end }, 'stored data failed its check; reading it again from the store');
-        }
-      }
-      // Else checked and decoded in the store's own buffer, lent for as long as that takes.
+        finishDirectRead(key, direct, this.frameKeys);
+      });
+      return this.readChecked(where, inPlace ? [inPlace, view, view] : [view, view]);
+    }
+    return this.readChecked(where, [
+      async () => {
+        const stored = this.takeScratch(n);
+        await this.blockCache.read(this.store, key, size, sp.start, n, stored, 0, readahead);
+        decode(stored);
+        // Only here: the read into it has settled and every byte taken from it was copied out.
+        this.returnScratch(stored);
+      },
+      async () => {
+        this.blockCache.forget(key, sp.start, n);
+        decode(await this.store.get(key, { offset: sp.start, length: n }));
+      },
+    ]);
+  }
+
+  /**
+   * The reads of stored bytes that readObject tries in turn, each checking what it read
+   * (frames.ts): the next one runs only if the one before failed its check (ChecksumError),
+   * which is logged with the object and frame; the last one's failure is the read's (EIO to
+   * the client), logged as such. Any other error ends it at once.
+   */
+  private async readChecked(where: Record<string, unknown>, attempts: (() => Promise<void>)[]): Promise<void> {
+    for (let i = 0; ; i++) {
       try {
-        await local.view(key, sp.start, n, decode);
+        await attempts[i]!();
         return;
       } catch (err) {
         if (!(err instanceof ChecksumError)) throw err;
-        this.log.error({ key, frame: err.frame, reason: err.reason, start: sp.start, end: sp.end }, 'stored data failed its check; reading it again from the store');
+        const last = i === attempts.length - 1;
+        this.log.error({ ...where, frame: err.frame, reason: err.reason }, last
+          ? 'stored data failed its check again: the read fails (EIO), no bytes of it are returned'
+          : 'stored data failed its check; reading it again from the store');
+        if (last) throw err;
       }
-      try {
-        await local.view(key, sp.start, n, decode);
-      } catch (err) {
-        if (err instanceof ChecksumError) this.log.error({ key, frame: err.frame, reason: err.reason, start: sp.start, end: sp.end }, 'stored data failed its check again: the read fails (EIO), no bytes of it are returned');
-        throw err;
-      }
-      return;
-    }
-    const stored = this.takeScratch(n);
-    await this.blockCache.read(this.store, key, size, sp.start, n, stored, 0, readahead);
-    try {
-      decode(stored);
-      // Only here: the read into it has settled and every byte taken from it was copied out.
-      this.returnScratch(stored);
-      return;
-    } catch (err) {
-      if (!(err instanceof ChecksumError)) throw err;
-      this.log.error({ key, frame: err.frame, reason: err.reason, start: sp.start, end: sp.end }, 'stored data failed its check; reading it again from the store');
-    }
-    this.blockCache.forget(key, sp.start, n);
-    const again = await this.store.get(key, { offset: sp.start, length: n });
-    try {
-      decode(again);
-    } catch (err) {
-      if (err instanceof ChecksumError) this.log.error({ key, frame: err.frame, reason: err.reason, start: sp.start, end: sp.end }, 'stored data failed its check again: the read fails (EIO), no bytes of it are returned');
-      throw err;
     }
   }
 
   /**
    * readObject of part of one frame stored in blocks (planBlockRead): its crc table entries and
    * its blocks, two small reads, checked as copyFromBlocks says; a failed check is handled as
-   * in readObject (logged, the cached blocks dropped, read once more from the store, then EIO).
+   * readObject's (readChecked: the cached blocks dropped, read once more from the store, then EIO).
    */
   private async readBlocks(key: string, size: number, r: BlockRead, out: Buffer, outOff: number, readahead: number): Promise<void> {
     const local = this.local;
-    const where = { key, frame: r.frame, table: r.tableStart, data: r.dataStart };
     const attempt = async (fromStore: boolean): Promise<void> => {
+      if (fromStore) {
+        const [t, d] = await Promise.all([this.store.get(key, { offset: r.tableStart, length: r.tableLength }), this.store.get(key, { offset: r.dataStart, length: r.dataLength })]);
+        copyFromBlocks(key, r, t, d, out, outOff);
+        return;
+      }
       const table = Buffer.allocUnsafe(r.tableLength);
       if (local) {
         await local.read(key, r.tableStart, r.tableLength, table, 0);
         await local.view(key, r.dataStart, r.dataLength, (data) => copyFromBlocks(key, r, table, data, out, outOff));
-        return;
-      }
-      if (fromStore) {
-        const [t, d] = await Promise.all([this.store.get(key, { offset: r.tableStart, length: r.tableLength }), this.store.get(key, { offset: r.dataStart, length: r.dataLength })]);
-        copyFromBlocks(key, r, t, d, out, outOff);
         return;
       }
       // Dropped, not pooled, if anything fails: a read still in flight may land in it.
@@ -1042,20 +1040,14 @@ export class Volume implements BlockBackend {
       copyFromBlocks(key, r, table, data, out, outOff);
       this.returnScratch(data);
     };
-    try {
-      await attempt(false);
-      return;
-    } catch (err) {
-      if (!(err instanceof ChecksumError)) throw err;
-      this.log.error({ ...where, reason: err.reason }, 'stored data failed its check; reading it again from the store');
-    }
-    if (!local) this.blockCache.forget(key, r.tableStart, r.dataStart + r.dataLength - r.tableStart);
-    try {
-      await attempt(true);
-    } catch (err) {
-      if (err instanceof ChecksumError) this.log.error({ ...where, reason: err.reason }, 'stored data failed its check again: the read fails (EIO), no bytes of it are returned');
-      throw err;
-    }
+    return this.readChecked({ key, table: r.tableStart, data: r.dataStart }, [
+      () => attempt(false),
+      () => {
+        if (local) return attempt(false); // the store is the file: read it once more
+        this.blockCache.forget(key, r.tableStart, r.dataStart + r.dataLength - r.tableStart);
+        return attempt(true);
+      },
+    ]);
   }
 
   /**
