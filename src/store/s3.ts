@@ -31,9 +31,15 @@
  *   `baton-put-id`, and a 412 after more than one attempt is resolved by reading the id back
  *   (SlateDB verify_put_succeeded). RetryingObjectStore does the same for its own retries.
  * - A ranged get returns exactly the bytes asked for or throws: a short body is never success.
+ * - GETs go around the SDK's middleware (`#getDirect`): signed by `SigV4Signer` and sent with
+ *   node's http on the same agents, to the URL the SDK's own endpoint rules give for the bucket,
+ *   with the SDK's credentials and clock offset, the same limits and attempts, and errors shaped
+ *   like the SDK's so `mapError` is still the one place they are mapped. A quarter of the CPU
+ *   per small GET (sigv4.ts says how much). Where the endpoint rules ask for another signing
+ *   scheme than plain SigV4 (S3 Express), GETs go through the SDK as before.
  */
-import { Agent as HttpAgent } from 'node:http';
-import { Agent as HttpsAgent } from 'node:https';
+import { Agent as HttpAgent, request as httpRequest, type ClientRequest, type IncomingMessage } from 'node:http';
+import { Agent as HttpsAgent, request as httpsRequest } from 'node:https';
 import {
   DeleteObjectCommand,
   GetObjectCommand,
@@ -58,6 +64,7 @@ import {
 } from '../errors.js';
 import { PUT_ID_META, newPutId } from './decorators.js';
 import { compareKeys, rangeError, validateKey, validateMetadata, validateRange } from './memory.js';
+import { EMPTY_SHA256, SigV4Signer, amzDate, encodeKeyPath } from './sigv4.js';
 import type { ByteRange, DeleteOptions, ListOptions, ObjectHead, ObjectInfo, ObjectStore, PutOptions } from './object-store.js';
 
 export interface S3Credentials {
@@ -174,6 +181,59 @@ function shape(err: unknown): SdkErrorShape {
   return typeof err === 'object' && err !== null ? (err as SdkErrorShape) : {};
 }
 
+/** Where a GET goes without the SDK: the bucket's base URL from the SDK's endpoint rules. */
+interface DirectTarget {
+  protocol: 'http:' | 'https:';
+  hostname: string;
+  port: number | undefined;
+  /** The Host header as signed and sent (URL.host: no port when it is the scheme's default). */
+  host: string;
+  /** '' (virtual-hosted: the bucket is in the host name) or '/bucket' (path style). */
+  basePath: string;
+  signer: SigV4Signer;
+}
+
+/** The S3 error codes that may mean this host's clock is off (the SDK's list): worth one retry once the offset is corrected. */
+const CLOCK_SKEW_NAMES = new Set([
+  'AuthFailure', 'InvalidSignatureException', 'RequestExpired', 'RequestInTheFuture', 'RequestTimeTooSkewed', 'SignatureDoesNotMatch',
+]);
+/** The SDK's threshold for "the clocks differ": its signer corrects its offset beyond this. */
+const CLOCK_SKEW_MS = 300_000;
+/** An error answer's body is read up to this much (S3's XML errors are a few hundred bytes). */
+const MAX_ERROR_BODY = 64 * 1024;
+
+function xmlText(s: string): string {
+  return s.replace(/&(lt|gt|quot|apos|amp);/g, (_m, e: string) => ({ lt: '<', gt: '>', quot: '"', apos: "'", amp: '&' })[e]!);
+}
+
+/**
+ * An S3 error answer shaped like the SDK's errors (name and Code from <Code>, the body's
+ * fields, the status in $metadata, the headers in $response), so `mapError` maps both alike.
+ */
+export function s3ErrorFromResponse(status: number, headers: Record<string, string | string[] | undefined>, body: string): Error & SdkErrorShape {
+  const field = (tag: string): string | undefined => {
+    const m = new RegExp(`<${tag}>([^<]*)</${tag}>`).exec(body);
+    return m === null ? undefined : xmlText(m[1]!);
+  };
+  const code = field('Code') ?? (status === 404 ? 'NotFound' : `Http${status}`);
+  const err = new Error(field('Message') ?? `HTTP ${status}${body === '' ? ' (no body)' : ''}`) as Error & SdkErrorShape & Record<string, unknown>;
+  err.name = code;
+  err.Code = code;
+  err.$metadata = { httpStatusCode: status };
+  const flat: Record<string, string | undefined> = {};
+  for (const [k, v] of Object.entries(headers)) flat[k] = Array.isArray(v) ? v.join(', ') : v;
+  err.$response = { headers: flat };
+  for (const tag of ['ServerTime', 'RequestTime', 'MaxAllowedSkewMilliseconds']) {
+    const v = field(tag);
+    if (v !== undefined) err[tag] = v;
+  }
+  return err;
+}
+
+function timeoutError(message: string): Error {
+  return Object.assign(new Error(message), { name: 'TimeoutError' });
+}
+
 export function normalizePrefix(prefix: string | undefined): string {
   let p = (prefix ?? '').replace(/^\/+/, '');
   if (p !== '' && !p.endsWith('/')) p += '/';
@@ -188,22 +248,36 @@ export class S3ObjectStore implements ObjectStore {
   /** Whether bodies are hashed into their signatures (S3StoreOptions.signPayload). */
   readonly signsPayload: boolean;
   readonly #endpoint: string;
+  readonly #endpointOption: string | undefined;
   readonly #pageSize: number;
   readonly #firstByteMs: number;
   readonly #wholeMs: number;
   readonly #bytesPerMs: number;
+  readonly #httpAgent: HttpAgent;
+  readonly #httpsAgent: HttpsAgent;
+  readonly #maxAttempts: number;
+  readonly #connectMs: number;
+  readonly #socketMs: number;
+  /** Where and how a GET is sent without the SDK; null: through the SDK (see #directTarget). */
+  #direct: Promise<DirectTarget | null> | undefined;
 
   constructor(opts: S3StoreOptions) {
     this.bucket = opts.bucket;
     this.prefix = normalizePrefix(opts.prefix);
     this.description = `s3://${this.bucket}/${this.prefix}`;
     this.#endpoint = opts.endpoint ?? 'AWS S3';
+    this.#endpointOption = opts.endpoint;
     this.#pageSize = Math.max(1, Math.min(1000, opts.listPageSize ?? 1000));
     const d = S3_TIMEOUT_DEFAULTS;
     this.#firstByteMs = opts.firstByteTimeoutMs ?? d.firstByteTimeoutMs;
     this.#wholeMs = opts.requestTimeoutMs ?? d.requestTimeoutMs;
     this.#bytesPerMs = Math.max(1, opts.minBytesPerSecond ?? d.minBytesPerSecond) / 1000;
     const maxSockets = opts.maxSockets ?? 128;
+    this.#httpAgent = new HttpAgent({ keepAlive: true, maxSockets });
+    this.#httpsAgent = new HttpsAgent({ keepAlive: true, maxSockets });
+    this.#maxAttempts = Math.max(1, opts.maxAttempts ?? 3);
+    this.#connectMs = opts.connectionTimeoutMs ?? d.connectionTimeoutMs;
+    this.#socketMs = opts.socketTimeoutMs ?? d.socketTimeoutMs;
     const forcePathStyle = opts.forcePathStyle ?? opts.endpoint !== undefined;
     this.client = new S3Client({
       region: opts.region ?? process.env.AWS_REGION ?? process.env.AWS_DEFAULT_REGION ?? 'us-east-1',
@@ -212,18 +286,18 @@ export class S3ObjectStore implements ObjectStore {
       ...(opts.credentials !== undefined ? { credentials: opts.credentials } : {}),
       requestChecksumCalculation: 'WHEN_REQUIRED',
       responseChecksumValidation: 'WHEN_REQUIRED',
-      maxAttempts: opts.maxAttempts ?? 3,
+      maxAttempts: this.#maxAttempts,
       retryMode: 'standard',
       requestHandler: new NodeHttpHandler({
-        connectionTimeout: opts.connectionTimeoutMs ?? d.connectionTimeoutMs,
-        socketTimeout: opts.socketTimeoutMs ?? d.socketTimeoutMs,
+        connectionTimeout: this.#connectMs,
+        socketTimeout: this.#socketMs,
         // The handler's "requestTimeout" runs from the start of a request until its response
         // headers arrive (time to first byte, upload included); each call sets its own, sized
         // for its body, in #call.
         requestTimeout: this.#firstByteMs,
         throwOnRequestTimeout: true,
-        httpAgent: new HttpAgent({ keepAlive: true, maxSockets }),
-        httpsAgent: new HttpsAgent({ keepAlive: true, maxSockets }),
+        httpAgent: this.#httpAgent,
+        httpsAgent: this.#httpsAgent,
       }),
     });
     this.signsPayload = opts.signPayload ?? !payloadProtectedInTransit(opts.endpoint);
@@ -350,10 +424,208 @@ export class S3ObjectStore implements ObjectStore {
     ) {
       return new StoreUnavailableError(`${where}: store unavailable, retry later (${detail})`, { cause: err });
     }
+    // Node's HTTP parser refused the answer (HPE_*: not HTTP, a body past its length): the store
+    // or something between us sent garbage; like a cut connection, worth another try.
+    if (status === undefined && code.startsWith('HPE_')) {
+      return new StoreUnavailableError(`${where}: the store's answer was not valid HTTP, retry later (${detail})`, { cause: err });
+    }
     if (status === 400) return invalid('the store rejected the request');
     // An SDK error without an HTTP status is a transport failure we have no code for.
     if (e.$metadata !== undefined && status === undefined) return noAnswer();
     return new IoError(`${where}: unexpected error (${detail})`, { cause: err });
+  }
+
+  /**
+   * Where GETs go without the SDK, resolved once with the SDK's own endpoint rules (so the
+   * URL is the one the SDK would use: path style or virtual-hosted, FIPS, dual-stack, custom
+   * endpoints). null sends GETs through the SDK: the rules ask for another signing scheme than
+   * plain SigV4 (S3 Express), or cannot resolve (then the SDK says why, as before).
+   */
+  #directTarget(): Promise<DirectTarget | null> {
+    return (this.#direct ??= (async (): Promise<DirectTarget | null> => {
+      const c = this.client.config;
+      try {
+        const region = await c.region();
+        const ep = c.endpointProvider({
+          Bucket: this.bucket,
+          Region: region,
+          UseFIPS: await c.useFipsEndpoint(),
+          UseDualStack: await c.useDualstackEndpoint(),
+          ForcePathStyle: c.forcePathStyle,
+          Accelerate: c.useAccelerateEndpoint,
+          ...(this.#endpointOption !== undefined ? { Endpoint: this.#endpointOption } : {}),
+        });
+        const scheme = (ep.properties?.authSchemes as { name?: string; signingName?: string; signingRegion?: string }[] | undefined)?.[0];
+        const url = ep.url;
+        if (scheme?.name !== 'sigv4' || url.search !== '' || (url.protocol !== 'http:' && url.protocol !== 'https:')) return null;
+        return {
+          protocol: url.protocol,
+          hostname: url.hostname.replace(/^\[|\]$/g, ''),
+          port: url.port === '' ? undefined : Number(url.port),
+          host: url.host,
+          basePath: url.pathname.replace(/\/+$/, ''),
+          signer: new SigV4Signer(scheme.signingRegion ?? region, scheme.signingName ?? 's3'),
+        };
+      } catch {
+        return null;
+      }
+    })());
+  }
+
+  /**
+   * A GET signed here and sent with node's http (the invariants at the top say why). The
+   * SDK's behaviour it keeps: its credentials (refreshed as they expire) and clock offset
+   * (corrected from an answer's Date header when the store says the clocks differ, then one
+   * more attempt), `maxAttempts` attempts with the standard mode's jittered backoff for
+   * transient failures, and its per-call limits: connecting, the first byte (from `options`),
+   * silence on the socket; the whole call is #call's, through `options.abortSignal`.
+   */
+  async #getDirect(
+    target: DirectTarget,
+    fullKey: string,
+    range: ByteRange | undefined,
+    options: { abortSignal: AbortSignal; requestTimeout: number },
+    onBody: (body: { destroy?: (err?: Error) => void }, length: number | undefined) => void,
+  ): Promise<readonly [Buffer, string | undefined]> {
+    const signal = options.abortSignal;
+    for (let attempt = 1; ; attempt++) {
+      try {
+        const creds = await this.client.config.credentials();
+        return await this.#getOnce(target, fullKey, range, creds, options, onBody);
+      } catch (err) {
+        if (signal.aborted) throw signal.reason;
+        const e = shape(err);
+        const name = typeof e.name === 'string' ? e.name : '';
+        let skewCorrected = false;
+        const serverDate = Date.parse(e.$response?.headers?.date ?? '');
+        if (Number.isFinite(serverDate)) {
+          const offset = this.client.config.systemClockOffset ?? 0;
+          if (Math.abs(Date.now() + offset - serverDate) >= CLOCK_SKEW_MS) {
+            this.client.config.systemClockOffset = serverDate - Date.now();
+            skewCorrected = CLOCK_SKEW_NAMES.has(name);
+          }
+        }
+        const retry = skewCorrected || this.mapError('get', fullKey, err) instanceof StoreUnavailableError;
+        if (!retry || attempt >= this.#maxAttempts) {
+          if (e.$metadata !== undefined) e.$metadata.attempts = attempt;
+          throw err;
+        }
+        // The SDK's standard mode: full jitter over 100 ms doubling, at most 20 s.
+        const ms = Math.random() * Math.min(20_000, 100 * 2 ** (attempt - 1));
+        await new Promise<void>((resolve, reject) => {
+          const onAbort = (): void => { clearTimeout(timer); reject(signal.reason); };
+          const timer = setTimeout(() => { signal.removeEventListener('abort', onAbort); resolve(); }, ms);
+          signal.addEventListener('abort', onAbort, { once: true });
+        });
+      }
+    }
+  }
+
+  /** One attempt of #getDirect: [body, Content-Range], or an error shaped as the SDK's. */
+  #getOnce(
+    target: DirectTarget,
+    fullKey: string,
+    range: ByteRange | undefined,
+    creds: { accessKeyId: string; secretAccessKey: string; sessionToken?: string | undefined },
+    options: { abortSignal: AbortSignal; requestTimeout: number },
+    onBody: (body: { destroy?: (err?: Error) => void }, length: number | undefined) => void,
+  ): Promise<readonly [Buffer, string | undefined]> {
+    const path = `${target.basePath}/${encodeKeyPath(fullKey)}`;
+    const headers: Record<string, string> = {
+      host: target.host,
+      'x-amz-content-sha256': EMPTY_SHA256,
+      'x-amz-date': amzDate(Date.now() + (this.client.config.systemClockOffset ?? 0)),
+    };
+    if (range !== undefined) headers.range = `bytes=${range.offset}-${range.offset + range.length - 1}`;
+    if (creds.sessionToken !== undefined) headers['x-amz-security-token'] = creds.sessionToken;
+    headers.authorization = target.signer.authorization({ method: 'GET', path, headers, payloadHash: EMPTY_SHA256 }, creds);
+    const signal = options.abortSignal;
+    return new Promise((resolve, reject) => {
+      let settled = false;
+      const timers: NodeJS.Timeout[] = [];
+      const finish = (err: unknown, value?: readonly [Buffer, string | undefined]): void => {
+        if (settled) return;
+        settled = true;
+        for (const t of timers) clearTimeout(t);
+        signal.removeEventListener('abort', onAbort);
+        if (err !== undefined) {
+          req.destroy();
+          reject(err);
+        } else {
+          resolve(value!);
+        }
+      };
+      const fail = (err: unknown): void => finish(err);
+      const onAbort = (): void => finish(signal.reason);
+      const req: ClientRequest = (target.protocol === 'https:' ? httpsRequest : httpRequest)({
+        protocol: target.protocol,
+        hostname: target.hostname,
+        port: target.port,
+        path,
+        method: 'GET',
+        headers,
+        agent: target.protocol === 'https:' ? this.#httpsAgent : this.#httpAgent,
+      });
+      // Listeners stay for the request's life: an error after the answer is settled is dropped here.
+      req.on('error', fail);
+      signal.addEventListener('abort', onAbort, { once: true });
+      if (signal.aborted) return onAbort();
+      timers.push(setTimeout(() => fail(timeoutError(`no response headers within ${options.requestTimeout} ms (the first-byte limit)`)), options.requestTimeout));
+      req.setTimeout(this.#socketMs, () => fail(timeoutError(`no byte in either direction for ${this.#socketMs} ms (the socket limit)`)));
+      req.on('socket', (sock) => {
+        if (!sock.connecting) return;
+        const t = setTimeout(() => fail(timeoutError(`no connection within ${this.#connectMs} ms (the connect limit)`)), this.#connectMs);
+        timers.push(t);
+        sock.once('connect', () => clearTimeout(t));
+      });
+      req.on('response', (res: IncomingMessage) => {
+        const status = res.statusCode ?? 0;
+        let ended = false;
+        res.on('error', fail);
+        res.on('close', () => {
+          if (!ended) fail(Object.assign(new Error(`the connection closed before the whole answer arrived (HTTP ${status})`), { code: 'ERR_STREAM_PREMATURE_CLOSE' }));
+        });
+        if (status !== 200 && status !== 206) {
+          const chunks: Buffer[] = [];
+          let size = 0;
+          res.on('data', (c: Buffer) => { if (size < MAX_ERROR_BODY) { chunks.push(c); size += c.length; } });
+          res.on('end', () => {
+            ended = true;
+            fail(s3ErrorFromResponse(status, res.headers, Buffer.concat(chunks).toString('utf8', 0, MAX_ERROR_BODY)));
+          });
+          return;
+        }
+        const lengthHeader = res.headers['content-length'];
+        const length = lengthHeader !== undefined && /^\d+$/.test(lengthHeader) ? Number(lengthHeader) : undefined;
+        onBody(res, length);
+        // Into one buffer of the announced size: no list of chunks to concatenate.
+        const whole = length !== undefined ? Buffer.allocUnsafe(length) : undefined;
+        const chunks: Buffer[] = [];
+        let at = 0;
+        res.on('data', (c: Buffer) => {
+          if (whole !== undefined) {
+            if (at + c.length > whole.length) {
+              fail(new StoreUnavailableError(`${this.#where('get', fullKey)}: body longer than its Content-Length ${length}`));
+              return;
+            }
+            c.copy(whole, at);
+          } else {
+            chunks.push(c);
+          }
+          at += c.length;
+        });
+        res.on('end', () => {
+          ended = true;
+          if (whole !== undefined && at !== whole.length) {
+            fail(new StoreUnavailableError(`${this.#where('get', fullKey)}: body was ${at} bytes, Content-Length said ${length}`));
+            return;
+          }
+          const cr = res.headers['content-range'];
+          finish(undefined, [whole ?? Buffer.concat(chunks, at), typeof cr === 'string' ? cr : undefined]);
+        });
+      });
+      req.end();
+    });
   }
 
   async get(key: string, range?: ByteRange): Promise<Buffer> {
@@ -372,7 +644,9 @@ export class S3ObjectStore implements ObjectStore {
     try {
       // A whole-object get learns its size from the headers (onBody extends the limit then);
       // until they arrive it is sized like a small object.
+      const direct = await this.#directTarget();
       [buf, contentRange] = await this.#call(range?.length ?? 0, async (sendOptions, onBody) => {
+        if (direct !== null) return this.#getDirect(direct, fullKey, range, sendOptions, onBody);
         const res = await this.client.send(new GetObjectCommand({
           Bucket: this.bucket,
           Key: fullKey,
