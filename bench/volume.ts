@@ -29,6 +29,7 @@ import * as os from 'node:os';
 import * as path from 'node:path';
 import * as http from 'node:http';
 import { CreateBucketCommand, ListObjectsV2Command, PutBucketAclCommand, S3Client } from '@aws-sdk/client-s3';
+import { errorMessage } from '../src/errors.js';
 import { formatSize } from '../src/size.js';
 import { openStore } from '../src/store/open.js';
 import {
@@ -858,6 +859,10 @@ async function streamStep(puts: PutsResult | undefined): Promise<StreamResult> {
     // COPY_SIZE over the time of reading all of it plus the 64 MiB hole after it: slightly low, never high.
     res.coldRead = { argv, seconds, mibPerSec: COPY_SIZE / MiB / seconds, store: w, cpu };
     log(`  cold sequential read on a new host: ${seconds.toFixed(2)} s (${fmt(res.coldRead.mibPerSec)} MiB/s), ${w.counters.get} GETs, ${formatSize(w.counters.getBytes)}`);
+  } catch (err) {
+    // Say why the server let the client down (its warnings and errors), not only that it did.
+    const said = fs.readFileSync(b.logFile, 'utf8').split('\n').filter((l) => /"level":(40|50|60)/.test(l)).slice(0, 5);
+    throw new Error(`${errorMessage(err)}${said.length > 0 ? `\nthe server logged:\n${said.join('\n')}` : '\n(the server logged no warning or error)'}`);
   } finally {
     await b.server.stop();
   }

@@ -43,11 +43,29 @@ export class MemorySlab implements Slab {
 }
 
 /**
- * Blocks in one local file. I/O is synchronous on purpose: the blocks were written moments
+ * At most this many slab writes in libuv's thread pool at once. The pool is small (4
+ * threads by default) and FIFO, and it is shared with everything else in the process that
+ * touches a file or resolves a name: lease files' renewals (src/lease/local.ts), `file:`
+ * stores, DNS lookups. Hydration and cold reads fill the cache with thousands of block
+ * writes at once; queued in the pool, a lease renewal waited behind all of them, and while
+ * the disk was busy writing back that took longer than the lease's margin: a healthy host
+ * lost its lease in the middle of a cold read (bench/volume.ts `stream`). Queued here
+ * instead, the pool always has threads to spare. Two keep a disk busy: each write is a
+ * block of 256 KiB.
+ */
+export const MAX_SLAB_WRITES = 2;
+
+/**
+ * Blocks in one local file. Reads are synchronous on purpose: the blocks were written moments
  * ago or are hot, so they are in the page cache, and a pread from the page cache costs a
  * few microseconds while a trip through libuv's thread pool costs tens.
  */
-class FileSlab implements Slab {
+export class FileSlab implements Slab {
+  #writing = 0;
+  readonly #waiting: (() => void)[] = [];
+  /** Most writes in the thread pool at once so far (tests). */
+  maxWritesInFlight = 0;
+
   private constructor(private readonly fd: number) {}
   static async open(dir: string): Promise<FileSlab> {
     await fsp.mkdir(dir, { recursive: true });
@@ -67,14 +85,26 @@ class FileSlab implements Slab {
   /**
    * Writes go through the thread pool: a commit writes tens of MiB through to the cache at
    * once, and doing that synchronously stalled the event loop for seconds (long enough to
-   * miss lease renewals). Reads stay synchronous (small, and from the page cache).
+   * miss lease renewals). Reads stay synchronous (small, and from the page cache). At most
+   * MAX_SLAB_WRITES of them are in the pool at once; the rest wait here, in order.
    */
   async write(slot: number, data: Buffer): Promise<void> {
-    let done = 0;
-    while (done < data.length) {
-      done += await new Promise<number>((resolve, reject) => {
-        fs.write(this.fd, data, done, data.length - done, slot * CACHE_BLOCK + done, (err, n) => (err ? reject(err) : resolve(n)));
-      });
+    // A finishing write hands its place to the first waiter (no count in between for a new
+    // caller to slip past the bound).
+    if (this.#writing < MAX_SLAB_WRITES) this.#writing++;
+    else await new Promise<void>((resolve) => this.#waiting.push(resolve));
+    if (this.#writing > this.maxWritesInFlight) this.maxWritesInFlight = this.#writing;
+    try {
+      let done = 0;
+      while (done < data.length) {
+        done += await new Promise<number>((resolve, reject) => {
+          fs.write(this.fd, data, done, data.length - done, slot * CACHE_BLOCK + done, (err, n) => (err ? reject(err) : resolve(n)));
+        });
+      }
+    } finally {
+      const next = this.#waiting.shift();
+      if (next) next();
+      else this.#writing--;
     }
   }
   async close(): Promise<void> { fs.closeSync(this.fd); }

@@ -3,7 +3,7 @@ import test from 'ava';
 import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
-import { BlockCache, CACHE_BLOCK } from '../../src/cache.js';
+import { BlockCache, CACHE_BLOCK, FileSlab, MAX_SLAB_WRITES } from '../../src/cache.js';
 import { InstrumentedObjectStore, seededRandom } from '../../src/store/decorators.js';
 import { MemoryObjectStore } from '../../src/store/memory.js';
 
@@ -66,4 +66,29 @@ test('readahead extends a sequential miss, never past the object end', async (t)
   await cache.read(store, 'o', obj.length, 4096, rest.length, rest, 0);
   t.is(store.stats().get.requests, 1, 'the rest came from the cache');
   t.true(rest.equals(obj.subarray(4096)));
+});
+
+test('cache writes leave libuv\'s thread pool free: a lease file\'s operation queued behind 256 block writes waits for a few, not all', async (t) => {
+  // Before the bound, every block write went into the pool's FIFO queue at once, and a lease
+  // renewal's file operations waited behind all of them: under disk pressure a healthy host
+  // lost its lease during a cold read (src/cache.ts MAX_SLAB_WRITES).
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'baton-slab-'));
+  t.teardown(() => fs.rmSync(dir, { recursive: true, force: true }));
+  const slab = await FileSlab.open(dir);
+  t.teardown(() => slab.close());
+  const N = 256;
+  let written = 0;
+  const blocks = Array.from({ length: N }, (_, i) => Buffer.alloc(CACHE_BLOCK, i & 0xff));
+  const writes = blocks.map((b, i) => slab.write(i, b).then(() => { written++; }));
+  // Queued in the pool after whatever the writes put there.
+  const writtenWhenStatDone = await fs.promises.stat(dir).then(() => written);
+  await Promise.all(writes);
+  t.true(slab.maxWritesInFlight <= MAX_SLAB_WRITES, `${slab.maxWritesInFlight} writes in the pool at once`);
+  t.true(writtenWhenStatDone <= MAX_SLAB_WRITES + 2, `the stat waited for ${writtenWhenStatDone} of ${N} block writes`);
+  // And the bound loses nothing: every block reads back as written.
+  const out = Buffer.alloc(CACHE_BLOCK);
+  for (let i = 0; i < N; i += 17) {
+    await slab.read(i, out, 0, 0, CACHE_BLOCK);
+    t.true(out.equals(blocks[i]!), `block ${i}`);
+  }
 });
