@@ -196,7 +196,6 @@ withStore(program.command('serve')
   .option('--metrics <[host:]port>', 'serve Prometheus metrics at /metrics and health at /healthz, /readyz on this address (a bare port listens on 127.0.0.1)', (v: string) => {
     try { return parseMetricsAddress(v); } catch (err) { throw new CommanderInvalidArgument(errorMessage(err)); }
   })
-  .option('--metrics-gc', 'with --metrics, also a histogram of every garbage collection (nodejs_gc_duration_seconds; costs about 5 % of throughput at 200k requests a second)')
   .option('--log-level <level>', LOG_LEVELS.join(', '), process.env.BATON_LOG_LEVEL ?? 'info')
   .addOption(new Option('--tls <mode>', 'TLS (NBD STARTTLS): off, on (offered; plaintext clients are served too) or require').choices(['off', 'on', 'require']).default('off'))
   .option('--tls-certificates <dir>', 'server certificate directory, nbdkit\'s layout: server-cert.pem, server-key.pem, ca-cert.pem, optional ca-crl.pem')
@@ -238,7 +237,7 @@ Serving over a network (TLS is required off loopback; certificates and keys are 
   $ nbdinfo 'nbds://alice@server/work?tls-psk-file=/etc/baton/keys.psk'
   $ kill -HUP SERVE_PID                               # after rotating certificates, keys or authz
 See README.md, "Serving over a network", for making certificates and the client commands.`)
-  .action(async (opts: StoreFlags & LeaseFlags & ServeSecurityFlags & { listen: string; socket?: string; cacheDir: string; cacheSize: number; readOnly?: boolean; create?: string; size?: number; handshakeTimeout: number; maxConnections: number; idleGrace: number; logLevel: string; onHeld: OnHeld; heldWait: number; gcInterval: number; gcGrace: number; compactBelow: number; statsInterval: number; hydrate: HydrateMode; hydrateConcurrency: number; hydrateMax?: number; metrics?: { host: string; port: number }; metricsGc?: boolean; compression: 'on' | 'off' }) => {
+  .action(async (opts: StoreFlags & LeaseFlags & ServeSecurityFlags & { listen: string; socket?: string; cacheDir: string; cacheSize: number; readOnly?: boolean; create?: string; size?: number; handshakeTimeout: number; maxConnections: number; idleGrace: number; logLevel: string; onHeld: OnHeld; heldWait: number; gcInterval: number; gcGrace: number; compactBelow: number; statsInterval: number; hydrate: HydrateMode; hydrateConcurrency: number; hydrateMax?: number; metrics?: { host: string; port: number }; compression: 'on' | 'off' }) => {
     if (opts.size !== undefined && !opts.create) throw new BatonError('BATON_ERR_INVALID_ARGUMENT', '--size is the size of the volume --create NAME makes; without --create it would do nothing (volumes are made with baton create NAME --size SIZE)');
     if (opts.create && opts.size === undefined) throw new BatonError('BATON_ERR_INVALID_ARGUMENT', '--create needs --size (for example --size 10G)');
     const d = await openDeployment({
@@ -252,7 +251,7 @@ See README.md, "Serving over a network", for making certificates and the client 
       onHeld: opts.onHeld, heldWaitMs: opts.heldWait * 1000, handshakeTimeoutMs: opts.handshakeTimeout * 1000, maxConnections: opts.maxConnections,
       idleGraceMs: opts.idleGrace * 1000, gcIntervalMs: opts.gcInterval, gcGraceMs: opts.gcGrace, compactBelow: opts.compactBelow,
       hydrate: opts.hydrate, hydrateConcurrency: opts.hydrateConcurrency, ...(opts.hydrateMax !== undefined ? { hydrateMax: opts.hydrateMax } : {}),
-      statsIntervalMs: opts.statsInterval, ...(opts.metrics ? { metrics: opts.metrics, metricsGc: !!opts.metricsGc } : {}), compression: opts.compression !== 'off',
+      statsIntervalMs: opts.statsInterval, ...(opts.metrics ? { metrics: opts.metrics } : {}), compression: opts.compression !== 'off',
       security: { tls: opts.tls, ...pick(opts, ['tlsCertificates', 'tlsPsk', 'tlsVerifyPeer', 'authz', 'insecure']) },
     });
     let stopping = false;

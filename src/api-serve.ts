@@ -58,8 +58,6 @@ export interface ServeOptions {
   statsIntervalMs?: number;
   /** Serve Prometheus /metrics, /healthz, /readyz on this address. */
   metrics?: { host: string; port: number };
-  /** Also serve prom-client's GC histogram (MetricsOptions.gcHistogram). */
-  metricsGc?: boolean;
   /** TLS and authorization, as serve's --tls* / --authz / --insecure flags. Default: no TLS (loopback only). */
   security?: Partial<ServeSecurityFlags>;
   /** How long one store operation retries before failing. Default 10 min (a server keeps trying). */
@@ -141,7 +139,7 @@ export async function startServer(d: Deployment, o: ServeOptions): Promise<Baton
   readiness.set('listening', false, 'NBD is not listening yet');
   let metricsServer: MetricsServer | null = null;
   if (o.metrics) {
-    metricsServer = new MetricsServer(createMetricsRegistry(sources, { gcHistogram: !!o.metricsGc }), readiness, log);
+    metricsServer = new MetricsServer(createMetricsRegistry(sources), readiness, log);
     const bound = await metricsServer.listen(o.metrics.host, o.metrics.port);
     log.info({ address: bound, paths: ['/metrics', '/healthz', '/readyz'] }, 'metrics listening');
   }

@@ -17,7 +17,6 @@
  * increase() treat as a counter reset), the store's and the cache's since the process started.
  */
 
-import { createRequire } from 'node:module';
 import { Counter, Gauge, Registry, collectDefaultMetrics, type Metric } from 'prom-client';
 import { COMMAND_LABELS, RESULT_LABELS } from '../nbd/stats.js';
 import type { BlockCache } from './cache.js';
@@ -48,44 +47,10 @@ export interface MetricsSources {
 
 export interface MetricsOptions {
   /**
-   * prom-client's process metrics (CPU, memory, heap, event-loop lag, handles, version) with
-   * the baton_ prefix (default true). Its event-loop monitor wakes the loop every 10 ms.
+   * prom-client's process metrics (CPU, memory, heap, GC, event-loop lag) with the baton_
+   * prefix (default true). Its event-loop monitor wakes the loop every 10 ms while enabled.
    */
   processMetrics?: boolean;
-  /**
-   * Also prom-client's GC histogram, `baton_nodejs_gc_duration_seconds` (default false:
-   * `serve --metrics-gc`). See PROCESS_COLLECTORS for why it is not on by default.
-   */
-  gcHistogram?: boolean;
-}
-
-/**
- * prom-client's default collectors (its lib/defaultMetrics.js, version pinned in
- * package.json) but `gc`. That one is a PerformanceObserver of every garbage collection, and a
- * server that allocates per request collects often: with it, `ram:` random reads at ~200k
- * requests a second ran 0.95x (0.94-0.97) of a server without metrics, without it 1.01x
- * (0.98-1.04) (bench/README.md, issue 14, metrics-ab, session 13), against a goal of 3 %.
- * So it is opt-in. test/unit/metrics.test.ts checks this list against prom-client's own.
- */
-export const PROCESS_COLLECTORS = [
-  'processCpuTotal', 'processStartTime', 'osMemoryHeap', 'processOpenFileDescriptors', 'processMaxFileDescriptors',
-  'eventLoopLag', 'processResources', 'processHandles', 'processRequests', 'heapSizeAndUsed', 'heapSpacesSizeAndUsed', 'version',
-] as const;
-
-const requireCjs = createRequire(import.meta.url);
-
-/** The process metrics on `reg`, as collectDefaultMetrics would register them, the GC histogram only if asked. */
-function collectProcessMetrics(reg: Registry, gcHistogram: boolean): void {
-  const config = { register: reg, prefix: 'baton_', eventLoopMonitoringPrecision: 10 };
-  if (gcHistogram) {
-    collectDefaultMetrics(config);
-    return;
-  }
-  for (const name of PROCESS_COLLECTORS) {
-    // processResources needs process.getActiveResourcesInfo, as in defaultMetrics.js.
-    if (name === 'processResources' && typeof process.getActiveResourcesInfo !== 'function') continue;
-    (requireCjs(`prom-client/lib/metrics/${name}.js`) as (r: Registry, c: typeof config) => void)(reg, config);
-  }
 }
 
 /** What hydration progress looks like where the engine has it (see hydrationOf). */
@@ -154,7 +119,7 @@ type VolumeGetter = (v: ServedVolumeInfo) => number | undefined;
 
 export function createMetricsRegistry(src: MetricsSources, opts: MetricsOptions = {}): Registry {
   const reg = new Registry();
-  if (opts.processMetrics ?? true) collectProcessMetrics(reg, opts.gcHistogram ?? false);
+  if (opts.processMetrics ?? true) collectDefaultMetrics({ register: reg, prefix: 'baton_' });
 
   // One listing of the served volumes per scrape: every collect() of a scrape runs in the
   // same turn of the event loop (the registry starts them all before awaiting any), so the

@@ -20,7 +20,7 @@ import * as fsp from 'node:fs/promises';
 import * as net from 'node:net';
 import * as os from 'node:os';
 import * as path from 'node:path';
-import { Registry, collectDefaultMetrics } from 'prom-client';
+import { Registry } from 'prom-client';
 import { NbdServer } from '../../nbd/server.js';
 import { COMMAND_LABELS, RESULT_LABELS, RequestStats } from '../../nbd/stats.js';
 import { BlockCache } from '../../src/cache.js';
@@ -28,7 +28,7 @@ import { VolumeExports } from '../../src/exports.js';
 import { DurationHistogram, LATENCY_BOUNDS_SECONDS } from '../../src/histogram.js';
 import { LocalLeaseManager } from '../../src/lease/local.js';
 import { silentLogger } from '../../src/log.js';
-import { PROCESS_COLLECTORS, createMetricsRegistry, hydrationOf, storeLayers, type MetricsSources } from '../../src/metrics.js';
+import { createMetricsRegistry, hydrationOf, storeLayers, type MetricsSources } from '../../src/metrics.js';
 import { MetricsServer, Readiness, parseMetricsAddress } from '../../src/metrics-server.js';
 import { FaultyObjectStore, InstrumentedObjectStore, RetryingObjectStore, STORE_OPS, STORE_OUTCOMES } from '../../src/store/decorators.js';
 import { openStore } from '../../src/store/open.js';
@@ -95,21 +95,6 @@ const writeAt = (c: RawClient, off: number, data: Buffer): Promise<{ error: numb
 const readAt = async (c: RawClient, off: number, len: number): Promise<{ error: number }> => (await c.readAt(cookie++, BigInt(off), len)).reply;
 
 // ------------------------------------------------------------------ the building blocks
-
-test('process metrics: prom-client\'s defaults but the GC histogram, which gcHistogram (serve --metrics-gc) adds', async (t) => {
-  const processNames = async (r: Registry): Promise<string[]> =>
-    (await r.getMetricsAsJSON()).map((m) => m.name).filter((n) => /^baton_(process|nodejs)_/.test(n)).sort();
-  const reference = new Registry();
-  collectDefaultMetrics({ register: reference, prefix: 'baton_' });
-  const all = await processNames(reference);
-  t.true(all.includes('baton_nodejs_gc_duration_seconds'));
-  t.true(all.includes('baton_nodejs_eventloop_lag_p99_seconds'));
-  // A prom-client that adds or renames a default collector shows up here, not in production.
-  t.deepEqual(await processNames(createMetricsRegistry({})), all.filter((n) => n !== 'baton_nodejs_gc_duration_seconds'));
-  t.deepEqual(await processNames(createMetricsRegistry({}, { gcHistogram: true })), all);
-  t.deepEqual(await processNames(createMetricsRegistry({}, { processMetrics: false })), []);
-  t.is(PROCESS_COLLECTORS.length, 12);
-});
 
 test('DurationHistogram: a value on a bound counts in that bucket, past the last in +Inf, negative as 0', (t) => {
   const h = new DurationHistogram([0.001, 0.01, 0.1]);
