@@ -12,6 +12,9 @@
  * Knobs: BATON_STORES (`ram:,file:`), ROUNDS (10), RUNTIME (fio seconds per run, 5), SIZE
  * (256M: the volume, filled once by nbdcopy so reads find data). Results:
  * bench/results/metrics-ab.md and .json. About 2 × ROUNDS × 2 × RUNTIME s per store.
+ * To weigh one part of metrics, OFF_ARGS and ON_ARGS add arguments to either side (split on
+ * spaces; `{port}` becomes a free port), e.g. OFF_ARGS='--metrics 127.0.0.1:{port}'
+ * ON_ARGS=--metrics-gc: the GC histogram alone (the "off" side has metrics, unscraped).
  */
 
 import * as os from 'node:os';
@@ -26,6 +29,15 @@ const ROUNDS = Math.max(2, Math.floor(envNumber('ROUNDS', 10)));
 const RUNTIME = envNumber('RUNTIME', 5);
 const SIZE = envSize('SIZE', '256M');
 const WORKLOADS = ['randread', 'randwrite'] as const;
+const OFF_ARGS = process.env.OFF_ARGS ?? '';
+const ON_ARGS = process.env.ON_ARGS ?? '';
+
+/** OFF_ARGS / ON_ARGS as arguments, each `{port}` a free TCP port. */
+async function extraArgs(spec: string): Promise<string[]> {
+  const out: string[] = [];
+  for (const a of spec.split(' ').filter(Boolean)) out.push(a.includes('{port}') ? a.replace('{port}', String(await freeTcpPort())) : a);
+  return out;
+}
 
 interface Sample { round: number; side: 'off' | 'on'; rw: string; iops: number; cpuUsPerIo: number; load1: number }
 
@@ -59,8 +71,8 @@ async function main(): Promise<void> {
       // A long idle grace on both: each side is idle while the other is measured, and a volume
       // closed after 5 s idle would be reopened (recovered) at every run, and its series reset.
       const common = ['--idle-grace', '3600'];
-      servers.off = await startBaton({ dir: makeTempDir('baton-bench-ab-'), volume: 'ab', size: SIZE, store, extraArgs: common });
-      servers.on = await startBaton({ dir: makeTempDir('baton-bench-ab-'), volume: 'ab', size: SIZE, store, extraArgs: [...common, '--metrics', `127.0.0.1:${port}`] });
+      servers.off = await startBaton({ dir: makeTempDir('baton-bench-ab-'), volume: 'ab', size: SIZE, store, extraArgs: [...common, ...await extraArgs(OFF_ARGS)] });
+      servers.on = await startBaton({ dir: makeTempDir('baton-bench-ab-'), volume: 'ab', size: SIZE, store, extraArgs: [...common, '--metrics', `127.0.0.1:${port}`, ...await extraArgs(ON_ARGS)] });
       for (const side of ['off', 'on'] as const) await runNbdcopy(rnd.path, servers[side]!.uri, SIZE, { flush: true });
       scraper.current = startMetricsScraper(port, 1000);
       for (let round = 0; round < ROUNDS; round++) {
@@ -93,7 +105,7 @@ async function main(): Promise<void> {
   const L: string[] = [];
   L.push('# serve --metrics on vs off, interleaved\n');
   L.push(`${machine.date.slice(0, 16).replace('T', ' ')} UTC on \`${machine.hostname}\`: ${machine.nproc} cores (${machine.cpuModel}), node ${machine.node}, ${machine.fio ?? 'fio ?'}, baton ${machine.batonCommit ?? '?'}; load average ${machine.loadavgAtStart.join(' ')} at the start, ${os.loadavg().map((x) => x.toFixed(2)).join(' ')} at the end; ${((Date.now() - started) / 1000).toFixed(0)} s.`);
-  L.push(`Per store two servers side by side (\`baton serve --store STORE --idle-grace 3600\`, and the same with \`--metrics 127.0.0.1:PORT\` scraped every second), ${formatSize(SIZE)} volumes filled by nbdcopy; ${ROUNDS} rounds, each a ${RUNTIME} s \`fio --ioengine=nbd --bs=4k --iodepth=32\` run per workload on each side, the order alternating. Ratios are on ÷ off of each round's pair.\n`);
+  L.push(`Per store two servers side by side (\`baton serve --store STORE --idle-grace 3600\`, and the same with \`--metrics 127.0.0.1:PORT\` scraped every second)${OFF_ARGS || ON_ARGS ? `, plus OFF_ARGS \`${OFF_ARGS}\` and ON_ARGS \`${ON_ARGS}\`` : ''}, ${formatSize(SIZE)} volumes filled by nbdcopy; ${ROUNDS} rounds, each a ${RUNTIME} s \`fio --ioengine=nbd --bs=4k --iodepth=32\` run per workload on each side, the order alternating. Ratios are on ÷ off of each round's pair.\n`);
   const rows: string[][] = [];
   for (const { store, samples } of results) {
     for (const rw of WORKLOADS) {

@@ -137,7 +137,12 @@ interface Entry {
 }
 
 /** The bytes of one ranged GET of blocks, starting at byte `start` of the object. */
-interface Fetched { start: number; data: Buffer }
+interface Fetched {
+  start: number;
+  data: Buffer;
+  /** Settles (never rejects) once the blocks this fetch put in the cache are on its disk. */
+  written: Promise<unknown>;
+}
 
 export interface CacheStats {
   hits: number;
@@ -200,9 +205,9 @@ export class BlockCache {
    * Cache one block (best effort: a full cache whose blocks are all being read, or a failing
    * disk, leaves it out). `data` must not change afterwards; it is kept until written.
    */
-  private insertBlock(key: string, block: number, data: Buffer): void {
+  private insertBlock(key: string, block: number, data: Buffer): Promise<void> | undefined {
     const id = BlockCache.id(key, block);
-    if (this.index.has(id)) return;
+    if (this.index.has(id)) return undefined;
     let slot: number;
     let after: Promise<void> = Promise.resolve();
     if (this.freeSlots.length > 0) slot = this.freeSlots.pop()!;
@@ -211,7 +216,7 @@ export class BlockCache {
       // Evict the least recently used block that nobody is reading right now.
       let victimId: string | null = null;
       for (const [vid, v] of this.index) if (v.readers === 0) { victimId = vid; break; }
-      if (victimId === null) return; // everything is being read: just don't cache this block
+      if (victimId === null) return undefined; // everything is being read: just don't cache this block
       const victim = this.index.get(victimId)!;
       this.index.delete(victimId);
       this.stats.cachedBytes -= victim.length;
@@ -238,6 +243,7 @@ export class BlockCache {
     void ready.then(() => this.writing.delete(ready));
     this.index.set(id, entry);
     this.stats.cachedBytes += data.length;
+    return ready;
   }
 
   /** Take an entry out of the index after a failure; only once its write has settled. */
@@ -350,8 +356,11 @@ export class BlockCache {
   /**
    * Bring [offset, offset+length) of object `key` into the cache without reading it: the
    * missing blocks, coalesced into ranged GETs of up to MAX_FETCH, skipping blocks cached or
-   * being fetched. Resolves with the bytes it fetched once they are in; never rejects (a
-   * hint: a failed prefetch leaves the blocks to the reads that want them).
+   * being fetched. Resolves with the bytes it fetched once they are in and written to the
+   * cache's disk; never rejects (a hint: a failed prefetch leaves the blocks to the reads that
+   * want them). Waiting for the disk is what paces a caller that prefetches in a loop
+   * (hydration) to what the disk takes: otherwise blocks waiting for their slab write
+   * (MAX_SLAB_WRITES) would pile up in memory when the store is faster than the disk.
    */
   async prefetch(store: ObjectStore, key: string, objectSize: number, offset: number, length: number): Promise<number> {
     const end = Math.min(offset + length, objectSize);
@@ -365,7 +374,11 @@ export class BlockCache {
       b = runEnd + 1;
     }
     let bytes = 0;
-    for (const r of await Promise.allSettled(runs)) if (r.status === 'fulfilled') bytes += r.value.data.length;
+    for (const r of await Promise.allSettled(runs)) {
+      if (r.status !== 'fulfilled') continue;
+      bytes += r.value.data.length;
+      await r.value.written;
+    }
     return bytes;
   }
 
@@ -426,11 +439,13 @@ export class BlockCache {
       const data = await store.get(key, { offset: start, length: end - start });
       this.stats.fetches++;
       this.stats.bytesFetched += data.length;
+      const writes: Promise<void>[] = [];
       for (let blk = firstBlock; blk <= lastBlock; blk++) {
         const from = blk * CACHE_BLOCK - start;
-        this.insertBlock(key, blk, data.subarray(from, Math.min(from + CACHE_BLOCK, data.length)));
+        const w = this.insertBlock(key, blk, data.subarray(from, Math.min(from + CACHE_BLOCK, data.length)));
+        if (w) writes.push(w);
       }
-      return { start, data };
+      return { start, data, written: Promise.all(writes) };
     })();
     const ids: string[] = [];
     for (let blk = firstBlock; blk <= lastBlock; blk++) ids.push(BlockCache.id(key, blk));

@@ -34,7 +34,7 @@
  * - GETs go around the SDK's middleware (`#getDirect`): signed by `SigV4Signer` and sent with
  *   node's http on the same agents, to the URL the SDK's own endpoint rules give for the bucket,
  *   with the SDK's credentials and clock offset, the same limits and attempts, and errors shaped
- *   like the SDK's so `mapError` is still the one place they are mapped. A quarter of the CPU
+ *   like the SDK's so `mapError` is still the one place they are mapped. A third of the CPU
  *   per small GET (sigv4.ts says how much). Where the endpoint rules ask for another signing
  *   scheme than plain SigV4 (S3 Express), GETs go through the SDK as before.
  */
@@ -210,7 +210,7 @@ function xmlText(s: string): string {
  * An S3 error answer shaped like the SDK's errors (name and Code from <Code>, the body's
  * fields, the status in $metadata, the headers in $response), so `mapError` maps both alike.
  */
-export function s3ErrorFromResponse(status: number, headers: Record<string, string | string[] | undefined>, body: string): Error & SdkErrorShape {
+function s3ErrorFromResponse(status: number, headers: Record<string, string | string[] | undefined>, body: string): Error & SdkErrorShape {
   const field = (tag: string): string | undefined => {
     const m = new RegExp(`<${tag}>([^<]*)</${tag}>`).exec(body);
     return m === null ? undefined : xmlText(m[1]!);

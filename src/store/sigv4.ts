@@ -4,11 +4,11 @@
  * strings plus a one-entry signing-key cache; no I/O.
  *
  * Why baton signs some requests itself: a ranged GET through @aws-sdk/client-s3 costs about
- * 0.7 ms of event-loop CPU for 4 KiB and 2.7 ms for 580 KiB (middleware, endpoint resolution
+ * 1.1 ms of event-loop CPU for 4 KiB and 1.8 ms for 580 KiB (middleware, endpoint resolution
  * per request, body collection and concatenation); signed here and sent with node's http, the
- * same GETs cost 0.18 and 1.4 ms (radosgw on loopback, 8 in flight). Reads are what a guest
- * waits for and what hydration makes by the hundred, so S3ObjectStore sends GETs this way
- * and keeps the SDK for everything else (see `S3ObjectStore.#getDirect`).
+ * same GETs cost 0.35 and 1.2 ms (bench/s3-get.ts: radosgw on loopback, 8 in flight). Reads
+ * are what a guest waits for and what hydration makes by the hundred, so S3ObjectStore sends
+ * GETs this way and keeps the SDK for everything else (see `S3ObjectStore.#getDirect`).
  *
  * What is and is not implemented (the spec: "Create a signed AWS API request", AWS docs):
  * - header-based signing (not presigned query strings), no query parameters, one region;

@@ -10,7 +10,7 @@ import * as fsp from 'node:fs/promises';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import { pino } from 'pino';
-import { BlockCache, CACHE_BLOCK } from '../../src/cache.js';
+import { BlockCache, CACHE_BLOCK, MemorySlab, type Slab } from '../../src/cache.js';
 import { CorruptError } from '../../src/errors.js';
 import { VolumeExports } from '../../src/exports.js';
 import { LocalLeaseManager } from '../../src/lease/local.js';
@@ -386,6 +386,49 @@ test('hydration coalesces by object: a big commit\'s data comes in a few large G
   t.is(watch.gets.length, 12, '24 MiB in 2 MiB GETs');
   t.true(watch.gets.every((g) => g.length === 2 * MiB));
   t.is(watch.maxInFlight, 8);
+});
+
+/** A cache disk that takes `ms` per block write; counts the blocks handed to it and not yet written. */
+class SlowSlab implements Slab {
+  readonly inner = new MemorySlab();
+  pending = 0;
+  maxPending = 0;
+  constructor(private readonly ms: number) {}
+  async read(slot: number, out: Buffer, outOff: number, from: number, length: number): Promise<void> { return this.inner.read(slot, out, outOff, from, length); }
+  async write(slot: number, data: Buffer): Promise<void> {
+    this.pending++;
+    this.maxPending = Math.max(this.maxPending, this.pending);
+    try {
+      await sleep(this.ms);
+      await this.inner.write(slot, data);
+    } finally {
+      this.pending--;
+    }
+  }
+  close(): Promise<void> { return this.inner.close(); }
+}
+
+test('hydration goes at the pace of the cache\'s disk: what it fetched and the disk has not written stays within its window', async (t) => {
+  // Otherwise a store faster than the disk piles fetched blocks up in memory (all of the
+  // working set, at worst) while they wait for their writes (src/cache.ts MAX_SLAB_WRITES).
+  const mem = new MemoryObjectStore();
+  const a = host(mem, 64 * MiB, { segmentBytes: 8 * MiB });
+  await a.catalog.create('v', 256 * MiB, { format: 'raw' });
+  const v = await a.open();
+  const data = pattern(7, 24 * MiB);
+  await v.write(16 * MiB, data, true);
+  await v.close();
+  const slab = new SlowSlab(20);
+  const cache = BlockCache.open({ capacityBytes: 128 * MiB, slab });
+  const catalog = new StoreCatalog({ store: mem, log: silentLogger(), cache: () => cache });
+  const w = (await catalog.open('v', { readOnly: false })).volume!;
+  const h = hydrate(w, { concurrency: 2, fetchBytes: 2 * MiB });
+  await h.done;
+  t.is(h.status().fetchedBytes, 24 * MiB);
+  const perGet = (2 * MiB) / CACHE_BLOCK;
+  t.true(slab.maxPending <= 2 * perGet, `${slab.maxPending} blocks fetched and waiting for the disk at once; the window is 2 GETs of ${perGet}`);
+  t.is(slab.pending, 0, 'hydration is done once its blocks are written');
+  for (let off = 16 * MiB; off < 40 * MiB; off += 4 * MiB) t.true((await w.read(off, 64 * KiB)).equals(data.subarray(off - 16 * MiB, off - 16 * MiB + 64 * KiB)));
 });
 
 test('a guest read during hydration is served at once: it never waits behind hydration GETs (held here)', async (t) => {
