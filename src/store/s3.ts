@@ -543,6 +543,8 @@ export class S3ObjectStore implements ObjectStore {
     return new Promise((resolve, reject) => {
       let settled = false;
       const timers: NodeJS.Timeout[] = [];
+      // A failure destroys the request; one whose answer was read to its end (an error's XML)
+      // has handed its connection back to the agent by then, and keeps it pooled.
       const finish = (err: unknown, value?: readonly [Buffer, string | undefined]): void => {
         if (settled) return;
         settled = true;
@@ -570,7 +572,8 @@ export class S3ObjectStore implements ObjectStore {
       req.on('error', fail);
       signal.addEventListener('abort', onAbort, { once: true });
       if (signal.aborted) return onAbort();
-      timers.push(setTimeout(() => fail(timeoutError(`no response headers within ${options.requestTimeout} ms (the first-byte limit)`)), options.requestTimeout));
+      const firstByte = setTimeout(() => fail(timeoutError(`no response headers within ${options.requestTimeout} ms (the first-byte limit)`)), options.requestTimeout);
+      timers.push(firstByte);
       req.setTimeout(this.#socketMs, () => fail(timeoutError(`no byte in either direction for ${this.#socketMs} ms (the socket limit)`)));
       req.on('socket', (sock) => {
         if (!sock.connecting) return;
@@ -579,6 +582,7 @@ export class S3ObjectStore implements ObjectStore {
         sock.once('connect', () => clearTimeout(t));
       });
       req.on('response', (res: IncomingMessage) => {
+        clearTimeout(firstByte);
         const status = res.statusCode ?? 0;
         let ended = false;
         res.on('error', fail);

@@ -16,9 +16,10 @@ const SERVER_SIGNER = new SigV4Signer('us-east-1', 's3');
 interface Seen { method: string; url: string; headers: IncomingMessage['headers']; signatureOk: boolean }
 
 /** A fake S3 that checks every request's signature as S3 does (recomputed from what arrived) and answers with `handler`. */
-async function fakeS3(t: ExecutionContext, handler: (req: IncomingMessage, res: ServerResponse, n: number) => void): Promise<{ endpoint: string; seen: Seen[] }> {
+async function fakeS3(t: ExecutionContext, handler: (req: IncomingMessage, res: ServerResponse, n: number) => void): Promise<{ endpoint: string; seen: Seen[]; connections: () => number }> {
   const seen: Seen[] = [];
   const sockets = new Set<Socket>();
+  let connections = 0;
   const server = createServer((req, res) => {
     req.resume();
     req.on('end', () => {
@@ -34,10 +35,10 @@ async function fakeS3(t: ExecutionContext, handler: (req: IncomingMessage, res: 
       handler(req, res, seen.length);
     });
   });
-  server.on('connection', (s) => { sockets.add(s); s.on('close', () => sockets.delete(s)); });
+  server.on('connection', (s) => { connections++; sockets.add(s); s.on('close', () => sockets.delete(s)); });
   await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
   t.teardown(() => { for (const s of sockets) s.destroy(); server.close(); });
-  return { endpoint: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, seen };
+  return { endpoint: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, seen, connections: () => connections };
 }
 
 function store(t: ExecutionContext, endpoint: string, extra: Partial<S3StoreOptions> = {}): S3ObjectStore {
@@ -185,4 +186,30 @@ test('a body shorter or longer than its Content-Length, or silent mid-way, is ne
   const err = await t.throwsAsync(s.get('k'), { instanceOf: StoreUnavailableError });
   t.regex(err!.message, /socket limit/);
   t.true(performance.now() - t0 < 3_000);
+});
+
+test('the first-byte limit ends with the headers: a body that takes longer than it (but is never silent) arrives whole', async (t) => {
+  const { endpoint } = await fakeS3(t, (_req, res) => {
+    res.writeHead(200, { 'content-length': String(DATA.length) });
+    let at = 0;
+    const timer = setInterval(() => {
+      res.write(DATA.subarray(at, at + 100));
+      at += 100;
+      if (at >= DATA.length) { clearInterval(timer); res.end(); }
+    }, 60); // 600 ms in all, twice the first-byte limit
+    res.on('close', () => clearInterval(timer));
+  });
+  const s = store(t, endpoint, { maxAttempts: 1, firstByteTimeoutMs: 300, socketTimeoutMs: 5_000, requestTimeoutMs: 30_000 });
+  t.deepEqual(await s.get('k'), DATA);
+});
+
+test('an error answer read to its end leaves the connection for the next request (no new connection per 404)', async (t) => {
+  const fake = await fakeS3(t, (_req, res) => {
+    res.writeHead(404, { 'content-type': 'application/xml' });
+    res.end('<Error><Code>NoSuchKey</Code><Message>The specified key does not exist.</Message></Error>');
+  });
+  const s = store(t, fake.endpoint);
+  for (let i = 0; i < 5; i++) await t.throwsAsync(s.get(`missing-${i}`), { instanceOf: NotFoundError });
+  t.is(fake.seen.length, 5);
+  t.is(fake.connections(), 1, 'one keep-alive connection for five 404s in turn');
 });
