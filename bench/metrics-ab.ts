@@ -12,6 +12,8 @@
  * Knobs: BATON_STORES (`ram:,file:`), ROUNDS (10), RUNTIME (fio seconds per run, 5), SIZE
  * (256M: the volume, filled once by nbdcopy so reads find data). Results:
  * bench/results/metrics-ab.md and .json. About 2 × ROUNDS × 2 × RUNTIME s per store.
+ * RESTART=K starts both sides afresh every K rounds, so the interval also holds what differs
+ * between two processes of the same build (one pair for the whole run cannot show that).
  * To weigh one part of metrics, OFF_ARGS and ON_ARGS add arguments to either side (split on
  * spaces; `{port}` becomes a free port), e.g. OFF_ARGS='--metrics 127.0.0.1:{port}'
  * ON_ARGS=--metrics-gc: the GC histogram alone (the "off" side has metrics, unscraped).
@@ -29,6 +31,8 @@ const ROUNDS = Math.max(2, Math.floor(envNumber('ROUNDS', 10)));
 const RUNTIME = envNumber('RUNTIME', 5);
 const SIZE = envSize('SIZE', '256M');
 const WORKLOADS = ['randread', 'randwrite'] as const;
+/** Start both sides afresh every RESTART rounds (0: one pair of processes for the whole run). */
+const RESTART = Math.max(0, Math.floor(envNumber('RESTART', 0)));
 const OFF_ARGS = process.env.OFF_ARGS ?? '';
 const ON_ARGS = process.env.ON_ARGS ?? '';
 
@@ -64,18 +68,44 @@ async function main(): Promise<void> {
   const results: { store: string; samples: Sample[]; argv: { off: string[]; on: string[] } }[] = [];
   for (const store of STORES) {
     const servers: Partial<Record<'off' | 'on', Server>> = {};
-    const port = await freeTcpPort();
     const scraper = { current: null as ReturnType<typeof startMetricsScraper> | null };
+    const scraped = { scrapes: 0, requestsCounted: 0 };
     const samples: Sample[] = [];
-    try {
+    let argv: { off: string[]; on: string[] } = { off: [], on: [] };
+    /** Stop the pair running (if any), adding up its scrapes; a dead metrics side fails the run. */
+    const stopPair = async (): Promise<void> => {
+      if (scraper.current) {
+        const sc = await scraper.current.stop();
+        scraper.current = null;
+        if (sc.errors > 0 || sc.requestsCounted === 0) throw new Error(`the metrics side was not live: ${JSON.stringify(sc)}`);
+        scraped.scrapes += sc.scrapes;
+        scraped.requestsCounted += sc.requestsCounted;
+      }
+      await servers.off?.stop();
+      await servers.on?.stop();
+      delete servers.off;
+      delete servers.on;
+    };
+    const startPair = async (): Promise<void> => {
+      const port = await freeTcpPort();
       // A long idle grace on both: each side is idle while the other is measured, and a volume
       // closed after 5 s idle would be reopened (recovered) at every run, and its series reset.
       const common = ['--idle-grace', '3600'];
       servers.off = await startBaton({ dir: makeTempDir('baton-bench-ab-'), volume: 'ab', size: SIZE, store, extraArgs: [...common, ...await extraArgs(OFF_ARGS)] });
       servers.on = await startBaton({ dir: makeTempDir('baton-bench-ab-'), volume: 'ab', size: SIZE, store, extraArgs: [...common, '--metrics', `127.0.0.1:${port}`, ...await extraArgs(ON_ARGS)] });
+      argv = { off: servers.off.argv, on: servers.on.argv };
       for (const side of ['off', 'on'] as const) await runNbdcopy(rnd.path, servers[side]!.uri, SIZE, { flush: true });
       scraper.current = startMetricsScraper(port, 1000);
+    };
+    try {
+      await startPair();
       for (let round = 0; round < ROUNDS; round++) {
+        if (RESTART > 0 && round > 0 && round % RESTART === 0) {
+          // New processes for both sides: what differs between two processes (where the
+          // scheduler puts them, what the JIT made of them) is then inside the interval.
+          await stopPair();
+          await startPair();
+        }
         const order = round % 2 === 0 ? (['off', 'on'] as const) : (['on', 'off'] as const);
         for (const rw of WORKLOADS) {
           for (const side of order) {
@@ -91,11 +121,9 @@ async function main(): Promise<void> {
           }
         }
       }
-      const sc = await scraper.current.stop();
-      scraper.current = null;
-      if (sc.errors > 0 || sc.requestsCounted === 0) throw new Error(`the metrics side was not live: ${JSON.stringify(sc)}`);
-      log(`  ${store}: ${sc.scrapes} scrapes, ${sc.requestsCounted} NBD requests counted`);
-      results.push({ store, samples, argv: { off: servers.off.argv, on: servers.on.argv } });
+      await stopPair();
+      log(`  ${store}: ${scraped.scrapes} scrapes, ${scraped.requestsCounted} NBD requests counted`);
+      results.push({ store, samples, argv });
     } finally {
       await scraper.current?.stop().catch(() => {});
       await servers.off?.stop();
@@ -105,7 +133,7 @@ async function main(): Promise<void> {
   const L: string[] = [];
   L.push('# serve --metrics on vs off, interleaved\n');
   L.push(`${machine.date.slice(0, 16).replace('T', ' ')} UTC on \`${machine.hostname}\`: ${machine.nproc} cores (${machine.cpuModel}), node ${machine.node}, ${machine.fio ?? 'fio ?'}, baton ${machine.batonCommit ?? '?'}; load average ${machine.loadavgAtStart.join(' ')} at the start, ${os.loadavg().map((x) => x.toFixed(2)).join(' ')} at the end; ${((Date.now() - started) / 1000).toFixed(0)} s.`);
-  L.push(`Per store two servers side by side (\`baton serve --store STORE --idle-grace 3600\`, and the same with \`--metrics 127.0.0.1:PORT\` scraped every second)${OFF_ARGS || ON_ARGS ? `, plus OFF_ARGS \`${OFF_ARGS}\` and ON_ARGS \`${ON_ARGS}\`` : ''}, ${formatSize(SIZE)} volumes filled by nbdcopy; ${ROUNDS} rounds, each a ${RUNTIME} s \`fio --ioengine=nbd --bs=4k --iodepth=32\` run per workload on each side, the order alternating. Ratios are on ÷ off of each round's pair.\n`);
+  L.push(`Per store two servers side by side (\`baton serve --store STORE --idle-grace 3600\`, and the same with \`--metrics 127.0.0.1:PORT\` scraped every second)${OFF_ARGS || ON_ARGS ? `, plus OFF_ARGS \`${OFF_ARGS}\` and ON_ARGS \`${ON_ARGS}\`` : ''}, ${formatSize(SIZE)} volumes filled by nbdcopy; ${RESTART > 0 ? `both started afresh every ${RESTART} rounds; ` : ''}${ROUNDS} rounds, each a ${RUNTIME} s \`fio --ioengine=nbd --bs=4k --iodepth=32\` run per workload on each side, the order alternating. Ratios are on ÷ off of each round's pair.\n`);
   const rows: string[][] = [];
   for (const { store, samples } of results) {
     for (const rw of WORKLOADS) {
@@ -120,7 +148,7 @@ async function main(): Promise<void> {
   }
   L.push(markdownTable(['store, fio 4k QD32', 'IOPS off (median)', 'IOPS on (median)', 'on ÷ off, median of pairs', 'on ÷ off, geometric mean (95 % interval)', 'server CPU µs per I/O, off / on', 'CPU per I/O on ÷ off (95 % interval)'], rows, ['l', 'r', 'r', 'r', 'r', 'r', 'r']));
   L.push('IOPS ↑ (a ratio below 1 is what metrics cost); CPU per I/O ↓ (a ratio above 1 is what metrics cost).\n');
-  const json = { benchmark: 'metrics-ab', knobs: { STORES, ROUNDS, RUNTIME, SIZE }, machine, loadavgAtEnd: os.loadavg(), results };
+  const json = { benchmark: 'metrics-ab', knobs: { STORES, ROUNDS, RUNTIME, SIZE, RESTART, OFF_ARGS, ON_ARGS }, machine, loadavgAtEnd: os.loadavg(), results };
   const written = writeResults('metrics-ab', L.join('\n') + '\n', json);
   process.stdout.write(L.join('\n') + '\n');
   log(`wrote ${written.md}`);
