@@ -20,6 +20,7 @@ import * as fs from 'node:fs';
 import * as fsp from 'node:fs/promises';
 import * as path from 'node:path';
 import { randomBytes } from 'node:crypto';
+import { Slots } from './slots.js';
 import type { ObjectStore } from './store/object-store.js';
 
 export const CACHE_BLOCK = 256 * 1024;
@@ -61,10 +62,8 @@ export const MAX_SLAB_WRITES = 2;
  * few microseconds while a trip through libuv's thread pool costs tens.
  */
 export class FileSlab implements Slab {
-  #writing = 0;
-  readonly #waiting: (() => void)[] = [];
-  /** Most writes in the thread pool at once so far (tests). */
-  maxWritesInFlight = 0;
+  /** Writes in the thread pool (`maxInUse`: the most at once so far, for tests). */
+  readonly writes = new Slots(MAX_SLAB_WRITES);
 
   private constructor(private readonly fd: number) {}
   static async open(dir: string): Promise<FileSlab> {
@@ -89,11 +88,7 @@ export class FileSlab implements Slab {
    * MAX_SLAB_WRITES of them are in the pool at once; the rest wait here, in order.
    */
   async write(slot: number, data: Buffer): Promise<void> {
-    // A finishing write hands its place to the first waiter (no count in between for a new
-    // caller to slip past the bound).
-    if (this.#writing < MAX_SLAB_WRITES) this.#writing++;
-    else await new Promise<void>((resolve) => this.#waiting.push(resolve));
-    if (this.#writing > this.maxWritesInFlight) this.maxWritesInFlight = this.#writing;
+    await this.writes.acquire();
     try {
       let done = 0;
       while (done < data.length) {
@@ -102,9 +97,7 @@ export class FileSlab implements Slab {
         });
       }
     } finally {
-      const next = this.#waiting.shift();
-      if (next) next();
-      else this.#writing--;
+      this.writes.release();
     }
   }
   async close(): Promise<void> { fs.closeSync(this.fd); }

@@ -40,6 +40,7 @@
  */
 import { Agent as HttpAgent, request as httpRequest, type ClientRequest, type IncomingMessage } from 'node:http';
 import { Agent as HttpsAgent, request as httpsRequest } from 'node:https';
+import { setTimeout as delay } from 'node:timers/promises';
 import {
   DeleteObjectCommand,
   GetObjectCommand,
@@ -337,7 +338,7 @@ export class S3ObjectStore implements ObjectStore {
     const ac = new AbortController();
     let body: { destroy?: (err?: Error) => void } | undefined;
     const expire = (): void => {
-      const err = Object.assign(new Error(`no complete answer within ${wholeMs} ms (the whole-request limit)`), { name: 'TimeoutError' });
+      const err = timeoutError(`no complete answer within ${wholeMs} ms (the whole-request limit)`);
       ac.abort(err);
       body?.destroy?.(err);
     };
@@ -511,12 +512,7 @@ export class S3ObjectStore implements ObjectStore {
           throw err;
         }
         // The SDK's standard mode: full jitter over 100 ms doubling, at most 20 s.
-        const ms = Math.random() * Math.min(20_000, 100 * 2 ** (attempt - 1));
-        await new Promise<void>((resolve, reject) => {
-          const onAbort = (): void => { clearTimeout(timer); reject(signal.reason); };
-          const timer = setTimeout(() => { signal.removeEventListener('abort', onAbort); resolve(); }, ms);
-          signal.addEventListener('abort', onAbort, { once: true });
-        });
+        await delay(Math.random() * Math.min(20_000, 100 * 2 ** (attempt - 1)), undefined, { signal }).catch(() => { throw signal.reason; });
       }
     }
   }

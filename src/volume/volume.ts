@@ -41,6 +41,7 @@ import type { Logger } from '../log.js';
 import { Hydration, type HydrateOptions, type HydrationStatus, type ObjectPiece } from './hydrate.js';
 import { WorkingSet } from './working-set.js';
 import { DurationHistogram } from '../histogram.js';
+import { Slots } from '../slots.js';
 import { PUT_ID_META } from '../store/decorators.js';
 import { listAll, type LocalObjects, type ObjectStore } from '../store/object-store.js';
 import {
@@ -353,8 +354,7 @@ export class Volume implements BlockBackend {
   /** Flushes (and background kicks) waiting for a commit to start once a run ends. */
   private nextCommit: Deferred | null = null;
   /** Segment uploads in flight over all attempts (at most uploadConcurrency), and the ones waiting, oldest attempt first. */
-  private uploadsInFlight = 0;
-  private readonly uploadWaiters: (() => void)[] = [];
+  private readonly uploadSlots: Slots;
   /**
    * The id of the log record at nextSeq - 1 as this volume applied it ('' before a volume's
    * first record; undefined when unknown: v1 records and checkpoints). See "The log is a chain".
@@ -392,7 +392,6 @@ export class Volume implements BlockBackend {
   private readonly hardLimit: number;
   private readonly checkpointEvery: number;
   private readonly checkpointRangeBytes: number;
-  private readonly uploadConcurrency: number;
   /** GC's time bounds (format.ts timeBounds): a view never reads through a map older than viewMaxAgeMs. */
   private readonly viewMaxAgeMs: number;
   /** How this volume stores data (its record's settings: format.ts DataSettings). */
@@ -421,7 +420,7 @@ export class Volume implements BlockBackend {
     this.hardLimit = Math.max(opts.dirtyHardLimit ?? 256 * 1024 * 1024, this.softLimit + 32 * 1024 * 1024);
     this.checkpointEvery = opts.checkpointEvery ?? 64;
     this.checkpointRangeBytes = opts.checkpointRangeBytes ?? CHECKPOINT_RANGE_BYTES;
-    this.uploadConcurrency = opts.uploadConcurrency ?? 16;
+    this.uploadSlots = new Slots(opts.uploadConcurrency ?? 16);
     this.viewMaxAgeMs = timeBounds(opts.maxOperationMs ?? maxOperationMs()).viewMaxAgeMs;
     this.data = dataSettings(record);
     this.frameKeys = opts.frameKeys ?? null;
@@ -1696,7 +1695,7 @@ export class Volume implements BlockBackend {
     // another client's 4 KiB read waited that long, and a lease renewal would as well.
     let turn: Promise<void> = Promise.resolve();
     await Promise.all(a.segments.map(async (s) => {
-      await this.uploadSlot();
+      await this.uploadSlots.acquire();
       try {
         if (a.dropped) return; // an earlier attempt failed meanwhile: nothing will name it
         const mine = turn.then(() => this.world.yield());
@@ -1719,7 +1718,7 @@ export class Volume implements BlockBackend {
         s.body = Buffer.concat(s.parts, s.size);
         await this.store.put(s.key, s.body);
       } finally {
-        this.releaseUploadSlot();
+        this.uploadSlots.release();
       }
     }));
     if (a.inlineParts !== null && !a.dropped) await this.buildFramedRecord(a);
@@ -1748,19 +1747,6 @@ export class Volume implements BlockBackend {
     a.inlineParts = [];
   }
 
-  private uploadSlot(): Promise<void> {
-    if (this.uploadsInFlight < this.uploadConcurrency) {
-      this.uploadsInFlight++;
-      return Promise.resolve();
-    }
-    return new Promise<void>((resolve) => { this.uploadWaiters.push(resolve); });
-  }
-
-  private releaseUploadSlot(): void {
-    const next = this.uploadWaiters.shift();
-    if (next) next(); // the slot passes on
-    else this.uploadsInFlight--;
-  }
 
   /**
    * The commit point: the create-only put of the attempt's record. Resolves once it is in

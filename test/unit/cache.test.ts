@@ -83,7 +83,7 @@ test('cache writes leave libuv\'s thread pool free: a lease file\'s operation qu
   // Queued in the pool after whatever the writes put there.
   const writtenWhenStatDone = await fs.promises.stat(dir).then(() => written);
   await Promise.all(writes);
-  t.true(slab.maxWritesInFlight <= MAX_SLAB_WRITES, `${slab.maxWritesInFlight} writes in the pool at once`);
+  t.true(slab.writes.maxInUse <= MAX_SLAB_WRITES, `${slab.writes.maxInUse} writes in the pool at once`);
   t.true(writtenWhenStatDone <= MAX_SLAB_WRITES + 2, `the stat waited for ${writtenWhenStatDone} of ${N} block writes`);
   // And the bound loses nothing: every block reads back as written.
   const out = Buffer.alloc(CACHE_BLOCK);
