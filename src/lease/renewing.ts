@@ -236,6 +236,14 @@ export abstract class RenewingLease implements Lease {
    * fails (StoreUnavailableError) the lease simply expires after its TTL; calling again is a
    * no-op. With `to`, a lease that was already lost or taken throws LeaseLostError (the target
    * cannot acquire at once); without `to`, that is not an error.
+   *
+   * A lease lost at its own deadline (a renewal that came too late: a stalled event loop, a
+   * slow lease store) is still recorded as ours in the store until the store's expiry, up to
+   * the margin later. It is released there too: otherwise the next attach, on this host or
+   * any other, is refused for that long ("already served under this host id"). Safe for the
+   * reason every release is: the store removes the record only if it still holds our holder
+   * AND token (releaseOnce), so a lease someone else took is untouched, and this host stopped
+   * writing under it when it was lost (validUntil() is -Infinity since). Never throws then.
    */
   async release(to?: string): Promise<void> {
     if (to !== undefined) checkHolderId(to, 'handoff target');
@@ -249,6 +257,9 @@ export abstract class RenewingLease implements Lease {
     await this.#chain;
     if (prev === 'lost') {
       if (to !== undefined) throw new LeaseLostError(`cannot hand ${this.volume} to ${to}: this host's lease was lost (${this.#lostReason})`);
+      // Best effort, as before this was done at all: if the store cannot be told, the
+      // record expires on its own (and a closed manager already tried: closeByManager).
+      await this.releaseOnce(undefined).catch(() => {});
       return;
     }
     const ok = await this.releaseOnce(to);

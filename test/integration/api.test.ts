@@ -6,21 +6,31 @@
  * types (dist/src/api.d.ts through package.json "exports") and runs.
  */
 
-import test from 'ava';
+import anyTest, { type TestFn } from 'ava';
 import { execFile } from 'node:child_process';
+import { Writable } from 'node:stream';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { promisify } from 'node:util';
 import { openDeployment, isBatonError, type BatonServer, type Deployment, type Progress, type VolumeEvent } from '../../src/api.js';
 import { has, REPO_ROOT, tempDir, type Teardown } from '../helpers/server.js';
 
+import { pino } from 'pino';
+
+/** Each test's server log (debug level), printed only if the test failed: what the server saw then. */
+const test = anyTest as TestFn<{ log: string[] }>;
+test.beforeEach((t) => { t.context = { log: [] }; });
+test.afterEach.always((t) => { if (!t.passed && t.context.log.length > 0) t.log(`server log:\n${t.context.log.join('')}`); });
+
 const run = promisify(execFile);
 const MiB = 1024 * 1024;
 const withNbdcopy = has('nbdcopy') ? test : test.skip;
 
-async function deployment(t: Teardown & { teardown(fn: () => unknown): void }, extra: Parameters<typeof openDeployment>[0] = {}): Promise<{ d: Deployment; dir: string }> {
+async function deployment(t: Teardown & { teardown(fn: () => unknown): void; context: { log: string[] } }, extra: Parameters<typeof openDeployment>[0] = {}): Promise<{ d: Deployment; dir: string }> {
   const dir = tempDir(t, 'baton-api-');
-  const d = await openDeployment({ store: `file:${path.join(dir, 'store')}`, hostId: 'api-test', cacheDir: path.join(dir, 'cache'), leaseTtlMs: 2000, ...extra });
+  const sink = t.context.log;
+  const log = pino({ level: 'debug' }, new Writable({ write(chunk, _enc, done) { sink.push(String(chunk)); done(); } }));
+  const d = await openDeployment({ store: `file:${path.join(dir, 'store')}`, hostId: 'api-test', cacheDir: path.join(dir, 'cache'), log, ...extra });
   t.teardown(() => d.close());
   return { d, dir };
 }

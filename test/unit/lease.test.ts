@@ -210,6 +210,25 @@ both('a holder that stops renewing loses the lease (onLost) before another host 
   t.like(await b.inspect('v'), { holder: 'hostB', token: lb.token });
 });
 
+both('a lease lost at its own deadline (a late renewal) is freed in the store by release(): the next acquire does not wait for the expiry', async (t, e) => {
+  // renew: false is a holder whose renewals all come too late (a stalled event loop): it
+  // gives the lease up at validUntil, while the store keeps the record one margin longer.
+  const ttl = 3000;
+  const stalled = await e.make({ ttlMs: ttl, renew: false });
+  const other = await e.make({ ttlMs: ttl });
+  const l = await stalled.acquire('v', 'hostA');
+  let lost = false;
+  l.onLost(() => { lost = true; });
+  t.true(await until(() => lost, ttl + 1000), 'lost at its deadline');
+  const rec = await other.inspect('v');
+  t.like(rec, { holder: 'hostA', token: l.token }, 'the store still has it (its expiry is a margin later)');
+  await l.release();
+  t.is(await other.inspect('v'), null, 'released in the store');
+  const again = await stalled.acquire('v', 'hostA'); // no waitMs: refused if it were still held
+  t.true(again.token > l.token);
+  await again.release();
+});
+
 both('release(to) reserves the volume: that host acquires at once, nobody else', async (t, e) => {
   const a = await e.make();
   const b = await e.make({ ttlMs: 1000 }); // its reservation below lasts one (short) TTL
@@ -556,5 +575,37 @@ test('exports: a client attaching while the volume is being closed for idleness 
   await new Promise((r) => setTimeout(r, 450)); // closing: no longer served, lease still held
   const second = await exports.open('v');
   t.true((await second.backend.read(0, 4096)).equals(Buffer.alloc(4096, 7)), 'the write made before the close is there');
+  second.release();
+});
+
+test('exports: a volume whose lease ran out in a stall is attached again at once, not refused as held under this host id', async (t) => {
+  const { VolumeExports } = await import('../../src/exports.js');
+  const { StoreCatalog } = await import('../../src/volume/catalog.js');
+  const { BlockCache } = await import('../../src/cache.js');
+  const { MemoryObjectStore } = await import('../../src/store/memory.js');
+  const { silentLogger } = await import('../../src/log.js');
+  const dir = await tempDir(t, 'baton-lease-');
+  // No renewals: the served volume loses its lease at its deadline (2.4 s), as a host whose
+  // event loop stalled past it would; the lease file says "held" until 3 s.
+  const ttl = 3000;
+  const leases = new LocalLeaseManager(dir, { ttlMs: ttl, renew: false });
+  t.teardown(() => leases.close());
+  const catalog = new StoreCatalog({ store: new MemoryObjectStore(), log: silentLogger(), cache: () => BlockCache.open({ capacityBytes: 16 * 1024 * 1024 }) });
+  await catalog.create('v', 16 * 1024 * 1024);
+  const events: string[] = [];
+  const exports = new VolumeExports(catalog, { readOnly: false, idleGraceMs: 60_000, log: silentLogger(), lease: { manager: leases, hostId: 'h', onHeld: 'refuse', waitMs: 0 }, onEvent: (ev) => events.push(ev.type) });
+  t.teardown(() => exports.close());
+  const first = await exports.open('v');
+  await first.backend.write(0, Buffer.alloc(4096, 7), false);
+  await first.backend.flush();
+  const token = (await leases.inspect('v'))!.token;
+  t.true(await until(() => exports.stateOf('v') === null, ttl + 1000), 'fenced and dropped at the deadline');
+  t.true(events.includes('leaseLost'), events.join(' '));
+  first.release();
+  // Well before the file's own expiry: without the release of a lost lease this attach was
+  // refused ("already served under this host id h").
+  const second = await exports.open('v');
+  t.true((await second.backend.read(0, 4096)).equals(Buffer.alloc(4096, 7)), 'the flushed write is there');
+  t.true((await leases.inspect('v'))!.token > token);
   second.release();
 });
