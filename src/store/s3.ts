@@ -31,15 +31,21 @@
  *   `baton-put-id`, and a 412 after more than one attempt is resolved by reading the id back
  *   (SlateDB verify_put_succeeded). RetryingObjectStore does the same for its own retries.
  * - A ranged get returns exactly the bytes asked for or throws: a short body is never success.
- * - GETs go around the SDK's middleware (`#getDirect`): signed by `SigV4Signer` and sent with
- *   node's http on the same agents, to the URL the SDK's own endpoint rules give for the bucket,
- *   with the SDK's credentials and clock offset, the same limits and attempts, and errors shaped
- *   like the SDK's so `mapError` is still the one place they are mapped. A third of the CPU
- *   per small GET (sigv4.ts says how much). Where the endpoint rules ask for another signing
- *   scheme than plain SigV4 (S3 Express), GETs go through the SDK as before.
+ * - GETs and PUTs go around the SDK's middleware (`#attempts`, `#exchange`): signed by
+ *   `SigV4Signer` and sent with node's http on the same agents, to the URL the SDK's own
+ *   endpoint rules give for the bucket, with the SDK's credentials and clock offset, the same
+ *   limits and attempts, `Expect: 100-continue` for bodies of 2 MiB and more as the SDK sends
+ *   it, and errors shaped like the SDK's so `mapError` is still the one place they are mapped.
+ *   About a third of the CPU per small GET or PUT (sigv4.ts says how much): the small PUT is
+ *   a FLUSH's one round trip. Where the endpoint rules ask for another signing
+ *   scheme than plain SigV4 (S3 Express), they go through the SDK as before. HEAD, LIST and
+ *   DELETE (rare, never on a guest's path) stay with the SDK.
+ * - A direct request that settled no longer reads its body (#exchange): a failure destroyed
+ *   it, a success waited for the body to be handed to the kernel.
  */
 import { Agent as HttpAgent, request as httpRequest, type ClientRequest, type IncomingMessage } from 'node:http';
 import { Agent as HttpsAgent, request as httpsRequest } from 'node:https';
+import { createHash } from 'node:crypto';
 import { setTimeout as delay } from 'node:timers/promises';
 import {
   DeleteObjectCommand,
@@ -65,7 +71,7 @@ import {
 } from '../errors.js';
 import { PUT_ID_META, newPutId } from './decorators.js';
 import { compareKeys, rangeError, validateKey, validateMetadata, validateRange } from './memory.js';
-import { EMPTY_SHA256, SigV4Signer, amzDate, encodeKeyPath } from './sigv4.js';
+import { EMPTY_SHA256, SigV4Signer, UNSIGNED_PAYLOAD, amzDate, encodeKeyPath, type SigV4Credentials } from './sigv4.js';
 import type { ByteRange, DeleteOptions, ListOptions, ObjectHead, ObjectInfo, ObjectStore, PutOptions } from './object-store.js';
 
 export interface S3Credentials {
@@ -200,6 +206,13 @@ const CLOCK_SKEW_NAMES = new Set([
 ]);
 /** The SDK's threshold for "the clocks differ": its signer corrects its offset beyond this. */
 const CLOCK_SKEW_MS = 300_000;
+/**
+ * Bodies this large ask `Expect: 100-continue` before they travel (the SDK's threshold, 2 MiB):
+ * a refusal (a create-only put's 412, a bad signature) costs no upload and is read for sure.
+ */
+const EXPECT_CONTINUE_BYTES = 2 * 1024 * 1024;
+/** How long a body waits for 100 Continue before it goes anyway (the SDK waits 1 s too). */
+const CONTINUE_WAIT_MS = 1000;
 /** An error answer's body is read up to this much (S3's XML errors are a few hundred bytes). */
 const MAX_ERROR_BODY = 64 * 1024;
 
@@ -474,25 +487,19 @@ export class S3ObjectStore implements ObjectStore {
   }
 
   /**
-   * A GET signed here and sent with node's http (the invariants at the top say why). The
-   * SDK's behaviour it keeps: its credentials (refreshed as they expire) and clock offset
-   * (corrected from an answer's Date header when the store says the clocks differ, then one
-   * more attempt), `maxAttempts` attempts with the standard mode's jittered backoff for
-   * transient failures, and its per-call limits: connecting, the first byte (from `options`),
-   * silence on the socket; the whole call is #call's, through `options.abortSignal`.
+   * A request signed here and sent with node's http (the invariants at the top say why), made
+   * up to `maxAttempts` times. The SDK's behaviour it keeps: its credentials (refreshed as they
+   * expire) and clock offset (corrected from an answer's Date header when the store says the
+   * clocks differ, then one more attempt), the standard mode's jittered backoff between
+   * attempts for transient failures, and its per-call limits (in #exchange); the whole call is
+   * #call's, through `signal`. A failure leaves with `$metadata.attempts` set where it has
+   * `$metadata` (an answer), as the SDK's do; the value says how many attempts it took.
    */
-  async #getDirect(
-    target: DirectTarget,
-    fullKey: string,
-    range: ByteRange | undefined,
-    options: { abortSignal: AbortSignal; requestTimeout: number },
-    onBody: (body: { destroy?: (err?: Error) => void }, length: number | undefined) => void,
-  ): Promise<readonly [Buffer, string | undefined]> {
-    const signal = options.abortSignal;
+  async #attempts<T>(op: Op, fullKey: string, signal: AbortSignal, once: (creds: SigV4Credentials) => Promise<T>): Promise<{ value: T; attempts: number }> {
     for (let attempt = 1; ; attempt++) {
       try {
         const creds = await this.client.config.credentials();
-        return await this.#getOnce(target, fullKey, range, creds, options, onBody);
+        return { value: await once(creds), attempts: attempt };
       } catch (err) {
         if (signal.aborted) throw signal.reason;
         const e = shape(err);
@@ -506,7 +513,7 @@ export class S3ObjectStore implements ObjectStore {
             skewCorrected = CLOCK_SKEW_NAMES.has(name);
           }
         }
-        const retry = skewCorrected || this.mapError('get', fullKey, err) instanceof StoreUnavailableError;
+        const retry = skewCorrected || this.mapError(op, fullKey, err) instanceof StoreUnavailableError;
         if (!retry || attempt >= this.#maxAttempts) {
           if (e.$metadata !== undefined) e.$metadata.attempts = attempt;
           throw err;
@@ -517,55 +524,155 @@ export class S3ObjectStore implements ObjectStore {
     }
   }
 
-  /** One attempt of #getDirect: [body, Content-Range], or an error shaped as the SDK's. */
+  /** The headers every direct request signs: host, date (with the SDK's clock offset), payload hash, session token. */
+  #baseHeaders(target: DirectTarget, payloadHash: string, creds: SigV4Credentials): Record<string, string> {
+    const headers: Record<string, string> = {
+      host: target.host,
+      'x-amz-content-sha256': payloadHash,
+      'x-amz-date': amzDate(Date.now() + (this.client.config.systemClockOffset ?? 0)),
+    };
+    if (creds.sessionToken !== undefined) headers['x-amz-security-token'] = creds.sessionToken;
+    return headers;
+  }
+
+  /** One attempt of a ranged or whole GET: [body, Content-Range], or an error shaped as the SDK's. */
   #getOnce(
     target: DirectTarget,
     fullKey: string,
     range: ByteRange | undefined,
-    creds: { accessKeyId: string; secretAccessKey: string; sessionToken?: string | undefined },
+    creds: SigV4Credentials,
     options: { abortSignal: AbortSignal; requestTimeout: number },
     onBody: (body: { destroy?: (err?: Error) => void }, length: number | undefined) => void,
   ): Promise<readonly [Buffer, string | undefined]> {
     const path = `${target.basePath}/${encodeKeyPath(fullKey)}`;
-    const headers: Record<string, string> = {
-      host: target.host,
-      'x-amz-content-sha256': EMPTY_SHA256,
-      'x-amz-date': amzDate(Date.now() + (this.client.config.systemClockOffset ?? 0)),
-    };
+    const headers = this.#baseHeaders(target, EMPTY_SHA256, creds);
     if (range !== undefined) headers.range = `bytes=${range.offset}-${range.offset + range.length - 1}`;
-    if (creds.sessionToken !== undefined) headers['x-amz-security-token'] = creds.sessionToken;
     headers.authorization = target.signer.authorization({ method: 'GET', path, headers, payloadHash: EMPTY_SHA256 }, creds);
+    return this.#exchange<readonly [Buffer, string | undefined]>(target, { method: 'GET', path, headers }, options, (res, done, fail) => {
+      const lengthHeader = res.headers['content-length'];
+      const length = lengthHeader !== undefined && /^\d+$/.test(lengthHeader) ? Number(lengthHeader) : undefined;
+      onBody(res, length);
+      // Into one buffer of the announced size: no list of chunks to concatenate.
+      const whole = length !== undefined ? Buffer.allocUnsafe(length) : undefined;
+      const chunks: Buffer[] = [];
+      let at = 0;
+      res.on('data', (c: Buffer) => {
+        if (whole !== undefined) {
+          if (at + c.length > whole.length) {
+            fail(new StoreUnavailableError(`${this.#where('get', fullKey)}: body longer than its Content-Length ${length}`));
+            return;
+          }
+          c.copy(whole, at);
+        } else {
+          chunks.push(c);
+        }
+        at += c.length;
+      });
+      res.on('end', () => {
+        if (whole !== undefined && at !== whole.length) {
+          fail(new StoreUnavailableError(`${this.#where('get', fullKey)}: body was ${at} bytes, Content-Length said ${length}`));
+          return;
+        }
+        const cr = res.headers['content-range'];
+        done([whole ?? Buffer.concat(chunks, at), typeof cr === 'string' ? cr : undefined]);
+      });
+    });
+  }
+
+  /**
+   * One attempt of a PUT. Signed as the SDK signs it (Content-Length, If-None-Match and the
+   * metadata headers included; the payload hash or UNSIGNED-PAYLOAD as `signsPayload` says).
+   * A body of EXPECT_CONTINUE_BYTES or more asks `Expect: 100-continue` first, as the SDK
+   * does: a store that refuses the put (412 of a create-only put, a bad signature) says so
+   * before the body travels, and its answer is read, never lost to a connection it closed on a
+   * body it did not want. One that ignores Expect gets the body after CONTINUE_WAIT_MS.
+   */
+  #putOnce(
+    target: DirectTarget,
+    fullKey: string,
+    body: Buffer,
+    payloadHash: string,
+    createOnly: boolean,
+    metadata: Record<string, string> | undefined,
+    creds: SigV4Credentials,
+    options: { abortSignal: AbortSignal; requestTimeout: number },
+  ): Promise<void> {
+    const path = `${target.basePath}/${encodeKeyPath(fullKey)}`;
+    const headers = this.#baseHeaders(target, payloadHash, creds);
+    headers['content-length'] = String(body.length);
+    if (createOnly) headers['if-none-match'] = '*';
+    // validateMetadata: keys lower-case [a-z0-9-], values printable ASCII: header-safe as they are.
+    for (const [k, v] of Object.entries(metadata ?? {})) headers[`x-amz-meta-${k}`] = v;
+    headers.authorization = target.signer.authorization({ method: 'PUT', path, headers, payloadHash }, creds);
+    return this.#exchange<void>(target, { method: 'PUT', path, headers, body }, options, (res, done) => {
+      res.resume();
+      res.on('end', () => done(undefined));
+    });
+  }
+
+  /**
+   * One HTTP exchange with the store, bounded by the same limits as the SDK's calls:
+   * connecting, the response headers within `options.requestTimeout` of the start (the upload
+   * included), silence on the socket, and `options.abortSignal` (the whole call). A 2xx answer
+   * is handed to `read`; any other is read (up to MAX_ERROR_BODY) and fails as an error shaped
+   * like the SDK's (s3ErrorFromResponse). Every failure destroys the request.
+   *
+   * When it settles, the request no longer reads `req.body`: a failure destroyed the request
+   * (node drops the writes it had not made yet), and success waits for the request's 'finish'
+   * (the whole body handed to the kernel) as well as for `read`. So a caller may reuse a body
+   * once its put returned, whatever the outcome.
+   */
+  #exchange<T>(
+    target: DirectTarget,
+    r: { method: 'GET' | 'PUT'; path: string; headers: Record<string, string>; body?: Buffer },
+    options: { abortSignal: AbortSignal; requestTimeout: number },
+    read: (res: IncomingMessage, done: (value: T) => void, fail: (err: unknown) => void) => void,
+  ): Promise<T> {
     const signal = options.abortSignal;
-    return new Promise((resolve, reject) => {
+    const body = r.body;
+    const expectContinue = body !== undefined && body.length >= EXPECT_CONTINUE_BYTES;
+    return new Promise<T>((resolve, reject) => {
       let settled = false;
+      let answered: { value: T } | null = null;
+      // Whether node has handed the whole body (if any) to the kernel ('finish'), or never
+      // will (a final answer came before it was sent): until then a success does not settle.
+      let sent = false;
+      // With Expect: whether the body went (100 Continue or the wait), or never will.
+      let bodyDecided = !expectContinue;
       const timers: NodeJS.Timeout[] = [];
       // A failure destroys the request; one whose answer was read to its end (an error's XML)
       // has handed its connection back to the agent by then, and keeps it pooled.
-      const finish = (err: unknown, value?: readonly [Buffer, string | undefined]): void => {
+      const finish = (err: unknown, value?: { value: T }): void => {
         if (settled) return;
+        if (err === undefined && !sent) {
+          answered = value!; // the body is still on its way to the kernel: settle at 'finish'
+          return;
+        }
         settled = true;
         for (const t of timers) clearTimeout(t);
         signal.removeEventListener('abort', onAbort);
-        if (err !== undefined) {
-          req.destroy();
-          reject(err);
-        } else {
-          resolve(value!);
-        }
+        if (err !== undefined || !req.writableFinished) req.destroy(); // a request never ended holds its socket
+        if (err !== undefined) reject(err);
+        else resolve(value!.value);
       };
       const fail = (err: unknown): void => finish(err);
       const onAbort = (): void => finish(signal.reason);
+      const headers = expectContinue ? { ...r.headers, expect: '100-continue' } : r.headers; // Expect is never signed (SigV4)
       const req: ClientRequest = (target.protocol === 'https:' ? httpsRequest : httpRequest)({
         protocol: target.protocol,
         hostname: target.hostname,
         port: target.port,
-        path,
-        method: 'GET',
+        path: r.path,
+        method: r.method,
         headers,
         agent: target.protocol === 'https:' ? this.#httpsAgent : this.#httpAgent,
       });
       // Listeners stay for the request's life: an error after the answer is settled is dropped here.
       req.on('error', fail);
+      req.on('finish', () => {
+        sent = true;
+        if (answered !== null) finish(undefined, answered);
+      });
       signal.addEventListener('abort', onAbort, { once: true });
       if (signal.aborted) return onAbort();
       const firstByte = setTimeout(() => fail(timeoutError(`no response headers within ${options.requestTimeout} ms (the first-byte limit)`)), options.requestTimeout);
@@ -577,54 +684,42 @@ export class S3ObjectStore implements ObjectStore {
         timers.push(t);
         sock.once('connect', () => clearTimeout(t));
       });
+      // The body goes once the store said 100 Continue, or after CONTINUE_WAIT_MS of silence
+      // (a store that ignores Expect); never once it gave its final answer (that answer decides).
+      const sendBody = (): void => {
+        if (bodyDecided || settled) return;
+        bodyDecided = true;
+        req.end(body);
+      };
       req.on('response', (res: IncomingMessage) => {
         clearTimeout(firstByte);
+        if (!bodyDecided) {
+          bodyDecided = true;
+          sent = true; // never sent: finish destroys the request, whose socket cannot be reused
+        }
         const status = res.statusCode ?? 0;
         let ended = false;
         res.on('error', fail);
+        res.on('end', () => { ended = true; });
         res.on('close', () => {
           if (!ended) fail(Object.assign(new Error(`the connection closed before the whole answer arrived (HTTP ${status})`), { code: 'ERR_STREAM_PREMATURE_CLOSE' }));
         });
-        if (status !== 200 && status !== 206) {
+        if (status < 200 || status > 299) {
           const chunks: Buffer[] = [];
           let size = 0;
           res.on('data', (c: Buffer) => { if (size < MAX_ERROR_BODY) { chunks.push(c); size += c.length; } });
-          res.on('end', () => {
-            ended = true;
-            fail(s3ErrorFromResponse(status, res.headers, Buffer.concat(chunks).toString('utf8', 0, MAX_ERROR_BODY)));
-          });
+          res.on('end', () => fail(s3ErrorFromResponse(status, res.headers, Buffer.concat(chunks).toString('utf8', 0, MAX_ERROR_BODY))));
           return;
         }
-        const lengthHeader = res.headers['content-length'];
-        const length = lengthHeader !== undefined && /^\d+$/.test(lengthHeader) ? Number(lengthHeader) : undefined;
-        onBody(res, length);
-        // Into one buffer of the announced size: no list of chunks to concatenate.
-        const whole = length !== undefined ? Buffer.allocUnsafe(length) : undefined;
-        const chunks: Buffer[] = [];
-        let at = 0;
-        res.on('data', (c: Buffer) => {
-          if (whole !== undefined) {
-            if (at + c.length > whole.length) {
-              fail(new StoreUnavailableError(`${this.#where('get', fullKey)}: body longer than its Content-Length ${length}`));
-              return;
-            }
-            c.copy(whole, at);
-          } else {
-            chunks.push(c);
-          }
-          at += c.length;
-        });
-        res.on('end', () => {
-          ended = true;
-          if (whole !== undefined && at !== whole.length) {
-            fail(new StoreUnavailableError(`${this.#where('get', fullKey)}: body was ${at} bytes, Content-Length said ${length}`));
-            return;
-          }
-          const cr = res.headers['content-range'];
-          finish(undefined, [whole ?? Buffer.concat(chunks, at), typeof cr === 'string' ? cr : undefined]);
-        });
+        read(res, (value) => finish(undefined, { value }), fail);
       });
-      req.end();
+      if (!expectContinue) {
+        req.end(body);
+        return;
+      }
+      req.once('continue', sendBody);
+      timers.push(setTimeout(sendBody, CONTINUE_WAIT_MS));
+      req.flushHeaders();
     });
   }
 
@@ -646,7 +741,7 @@ export class S3ObjectStore implements ObjectStore {
       // until they arrive it is sized like a small object.
       const direct = await this.#directTarget();
       [buf, contentRange] = await this.#call(range?.length ?? 0, async (sendOptions, onBody) => {
-        if (direct !== null) return this.#getDirect(direct, fullKey, range, sendOptions, onBody);
+        if (direct !== null) return (await this.#attempts('get', fullKey, sendOptions.abortSignal, (creds) => this.#getOnce(direct, fullKey, range, creds, sendOptions, onBody))).value;
         const res = await this.client.send(new GetObjectCommand({
           Bucket: this.bucket,
           Key: fullKey,
@@ -690,17 +785,26 @@ export class S3ObjectStore implements ObjectStore {
     let metadata = options?.metadata;
     if (createOnly && metadata?.[PUT_ID_META] === undefined) metadata = { ...metadata, [PUT_ID_META]: newPutId() };
     validateMetadata(metadata);
+    const fullKey = this.prefix + key;
     try {
-      const out = await this.#call(body.length, (sendOptions) => this.client.send(new PutObjectCommand({
-        Bucket: this.bucket,
-        Key: this.prefix + key,
-        Body: body,
-        ContentLength: body.length,
-        ...(createOnly ? { IfNoneMatch: '*' } : {}),
-        ...(metadata !== undefined ? { Metadata: metadata } : {}),
-      }), sendOptions));
-      // The SDK's own retries: an earlier attempt of this put may still be on its way.
-      if ((out.$metadata.attempts ?? 1) > 1) options?.onRetry?.();
+      const direct = await this.#directTarget();
+      const attempts = await this.#call(body.length, async (sendOptions) => {
+        if (direct !== null) {
+          const payloadHash = this.signsPayload ? createHash('sha256').update(body).digest('hex') : UNSIGNED_PAYLOAD;
+          return (await this.#attempts('put', fullKey, sendOptions.abortSignal, (creds) => this.#putOnce(direct, fullKey, body, payloadHash, createOnly, metadata, creds, sendOptions))).attempts;
+        }
+        const out = await this.client.send(new PutObjectCommand({
+          Bucket: this.bucket,
+          Key: fullKey,
+          Body: body,
+          ContentLength: body.length,
+          ...(createOnly ? { IfNoneMatch: '*' } : {}),
+          ...(metadata !== undefined ? { Metadata: metadata } : {}),
+        }), sendOptions);
+        return out.$metadata.attempts ?? 1;
+      });
+      // More than one attempt: an earlier one of this put may still be on its way.
+      if (attempts > 1) options?.onRetry?.();
     } catch (err) {
       const mapped = this.mapError('put', key, err);
       const attempts = shape(err).$metadata?.attempts ?? 1;

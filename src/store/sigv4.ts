@@ -3,12 +3,15 @@
  * whose headers, path and payload hash the caller has already settled. Pure functions over
  * strings plus a one-entry signing-key cache; no I/O.
  *
- * Why baton signs some requests itself: a ranged GET through @aws-sdk/client-s3 costs about
- * 1.1 ms of event-loop CPU for 4 KiB and 1.8 ms for 580 KiB (middleware, endpoint resolution
- * per request, body collection and concatenation); signed here and sent with node's http, the
- * same GETs cost 0.35 and 1.2 ms (bench/s3-get.ts: radosgw on loopback, 8 in flight). Reads
- * are what a guest waits for and what hydration makes by the hundred, so S3ObjectStore sends
- * GETs this way and keeps the SDK for everything else (see `S3ObjectStore.#getDirect`).
+ * Why baton signs some requests itself: a request through @aws-sdk/client-s3 costs about 1 ms
+ * of event-loop CPU whatever its size (middleware, endpoint resolution per request, body
+ * collection); signed here and sent with node's http, a 4 KiB ranged GET costs 0.40 ms instead
+ * of 1.07, a 4 KiB create-only PUT 0.33 instead of 0.95, an 8 MiB segment PUT 2.6 instead of
+ * 3.5, and one 4 KiB PUT at a time (a small FLUSH's round trip) takes 2.37 ms instead of 3.36
+ * at p50 (bench/s3-requests.ts: radosgw on loopback, results/s3-requests.md). Reads are what a
+ * guest waits for and what hydration makes by the hundred, and the PUT of a log record is the
+ * one round trip of a FLUSH, so S3ObjectStore sends GETs and PUTs this way and keeps the SDK
+ * for HEAD, LIST and DELETE (see `S3ObjectStore.#exchange`).
  *
  * What is and is not implemented (the spec: "Create a signed AWS API request", AWS docs):
  * - header-based signing (not presigned query strings), no query parameters, one region;

@@ -3,49 +3,11 @@
  * S3 servers that check the signature themselves and misbehave one way each. The same GETs
  * against radosgw are in store-conformance.test.ts (ranges, odd characters in keys).
  */
-import test, { type ExecutionContext } from 'ava';
-import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
-import type { AddressInfo, Socket } from 'node:net';
+import test from 'ava';
+import type { IncomingMessage, ServerResponse } from 'node:http';
 import { type BatonError, MisconfiguredError, NotFoundError, StoreUnavailableError } from '../../src/errors.js';
-import { S3ObjectStore, type S3StoreOptions } from '../../src/store/s3.js';
-import { EMPTY_SHA256, SigV4Signer, encodeKeyPath } from '../../src/store/sigv4.js';
-
-const CREDENTIALS = { accessKeyId: 'AKIDTEST', secretAccessKey: 'secret/test+key' };
-const SERVER_SIGNER = new SigV4Signer('us-east-1', 's3');
-
-interface Seen { method: string; url: string; headers: IncomingMessage['headers']; signatureOk: boolean }
-
-/** A fake S3 that checks every request's signature as S3 does (recomputed from what arrived) and answers with `handler`. */
-async function fakeS3(t: ExecutionContext, handler: (req: IncomingMessage, res: ServerResponse, n: number) => void): Promise<{ endpoint: string; seen: Seen[]; connections: () => number }> {
-  const seen: Seen[] = [];
-  const sockets = new Set<Socket>();
-  let connections = 0;
-  const server = createServer((req, res) => {
-    req.resume();
-    req.on('end', () => {
-      const auth = req.headers.authorization ?? '';
-      const signed = /SignedHeaders=([^,]+)/.exec(auth)?.[1]?.split(';') ?? [];
-      const headers: Record<string, string> = {};
-      for (const h of signed) headers[h] = String(req.headers[h]);
-      let signatureOk = false;
-      try {
-        signatureOk = SERVER_SIGNER.authorization({ method: req.method!, path: req.url!, headers, payloadHash: String(req.headers['x-amz-content-sha256']) }, CREDENTIALS) === auth;
-      } catch { /* unsigned or malformed: not ok */ }
-      seen.push({ method: req.method!, url: req.url!, headers: req.headers, signatureOk });
-      handler(req, res, seen.length);
-    });
-  });
-  server.on('connection', (s) => { connections++; sockets.add(s); s.on('close', () => sockets.delete(s)); });
-  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
-  t.teardown(() => { for (const s of sockets) s.destroy(); server.close(); });
-  return { endpoint: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, seen, connections: () => connections };
-}
-
-function store(t: ExecutionContext, endpoint: string, extra: Partial<S3StoreOptions> = {}): S3ObjectStore {
-  const s = new S3ObjectStore({ bucket: 'bucket', prefix: 'p', endpoint, region: 'us-east-1', credentials: CREDENTIALS, ...extra });
-  t.teardown(() => s.close());
-  return s;
-}
+import { EMPTY_SHA256, encodeKeyPath } from '../../src/store/sigv4.js';
+import { CREDENTIALS, fakeS3, fakeS3Store as store } from '../helpers/fake-s3.js';
 
 const DATA = Buffer.from(Array.from({ length: 1000 }, (_, i) => i % 251));
 

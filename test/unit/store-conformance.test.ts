@@ -179,6 +179,19 @@ const checks: Record<string, Check> = {
     t.is((await store.get('fence/epoch-1')).toString(), 'third');
   },
 
+  'big create-only puts (S3: Expect 100-continue): the second is PreconditionFailedError, the first body stays; racing ones have one winner': async (t, store) => {
+    const first = randomBytes(3 * 1024 * 1024 + 5);
+    await store.put('fence/big', first, { ifNoneMatch: true });
+    await t.throwsAsync(store.put('fence/big', randomBytes(3 * 1024 * 1024), { ifNoneMatch: true }), { instanceOf: PreconditionFailedError });
+    sameBytes(t, await store.get('fence/big'), first);
+    const bodies = Array.from({ length: 4 }, () => randomBytes(2 * 1024 * 1024 + 1));
+    const results = await Promise.allSettled(bodies.map((b) => store.put('fence/big-race', b, { ifNoneMatch: true })));
+    const winners = results.flatMap((r, i) => (r.status === 'fulfilled' ? [i] : []));
+    t.is(winners.length, 1, JSON.stringify(results.map((r) => r.status === 'rejected' ? String(r.reason) : 'ok')));
+    for (const r of results) if (r.status === 'rejected') t.true(r.reason instanceof PreconditionFailedError, String(r.reason));
+    sameBytes(t, await store.get('fence/big-race'), bodies[winners[0]!]!);
+  },
+
   '20 racing create-only puts: exactly one winner': async (t, store) => {
     const bodies = Array.from({ length: 20 }, (_, i) => Buffer.from(`writer-${i}-${randomBytes(8).toString('hex')}`));
     const results = await Promise.allSettled(bodies.map((b) => store.put('race/lease', b, { ifNoneMatch: true })));
