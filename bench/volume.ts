@@ -996,7 +996,7 @@ function render(r: Report): string {
     L.push('latency is fio\'s `sync` latency (the FLUSH command alone). "+N ms": `BATON_FAULTS={"latencyMs":N}` in baton, N ms added');
     L.push('to every store request before it is sent. radosgw PUT latency is its own (access log; its clock has ~4 ms granularity).');
     L.push(`"Bare store PUT": after fio, ${RTT_PUTS} sequential 4.2 KiB create-only PUTs from the harness process through baton's own store stack`);
-    L.push('(`openStore`: AWS SDK S3 client + retry layer, + the fault layer), and the same body as a plain `node:http` PUT (keep-alive,');
+    L.push('(`openStore`: S3ObjectStore, its PUTs signed by baton and sent with node:http, + retry layer, + the fault layer), and the same body as a plain `node:http` PUT (keep-alive,');
     L.push('unsigned, into a public-write bucket): the floor a Node client can reach against this radosgw. Measured minutes apart from');
     L.push('the flushes on a noisy machine, so compare them with care; the CPU per PUT is the steadier number.\n');
     const cols = r.flush;
@@ -1008,7 +1008,7 @@ function render(r: Report): string {
       ['FLUSH latency p99.9 / max, ms', (f) => `${fmt(f.syncMs.p999)} / ${fmt(f.syncMs.max)}`],
       ['4 KiB WRITE latency p50, ms (buffered in memory)', (f) => fmt(f.writeMsP50)],
       ['radosgw PUT (log record) latency p50 / p99, ms (radosgw\'s own)', (f) => `${fmt(f.rgwLogPutMs.p50)} / ${fmt(f.rgwLogPutMs.p99)}`],
-      [`bare 4 KiB store PUT through baton\'s store stack (SDK), p50 / p99, ms`, (f) => (f.roundTrip ? `${fmt(f.roundTrip.baton.p50)} / ${fmt(f.roundTrip.baton.p99)}` : '–')],
+      [`bare 4 KiB store PUT through baton\'s store stack, p50 / p99, ms`, (f) => (f.roundTrip ? `${fmt(f.roundTrip.baton.p50)} / ${fmt(f.roundTrip.baton.p99)}` : '–')],
       ['… client CPU per PUT, ms', (f) => (f.roundTrip ? fmt(f.roundTrip.baton.cpuMsPerPut) : '–')],
       ['bare 4 KiB PUT with node:http (no SDK, unsigned), p50 / p99 / CPU, ms', (f) => (f.roundTrip?.rawHttp ? `${fmt(f.roundTrip.rawHttp.p50)} / ${fmt(f.roundTrip.rawHttp.p99)} / ${fmt(f.roundTrip.rawHttp.cpuMsPerPut)}` : '–')],
       ['commits (baton log) per flush', (f) => fmt(f.commits / f.flushes)],
