@@ -552,23 +552,31 @@ test('parseRedisUrl: every accepted form', (t) => {
   t.false(parseRedisUrl('redis://:hunter2@h').display.includes('hunter2'));
 });
 
-test('exports: a client attaching while the volume is being closed for idleness waits for the close, then gets it', async (t) => {
+/** VolumeExports over a 16 MiB volume `v` in `store`, leased from `leases` as host `h` (refuse when held). */
+async function exportsOf(t: ExecutionContext, store: import('../../src/store/object-store.js').ObjectStore, leases: LeaseManager, o: { idleGraceMs: number; onEvent?: (type: string) => void }) {
   const { VolumeExports } = await import('../../src/exports.js');
   const { StoreCatalog } = await import('../../src/volume/catalog.js');
   const { BlockCache } = await import('../../src/cache.js');
+  const { silentLogger } = await import('../../src/log.js');
+  const catalog = new StoreCatalog({ store, log: silentLogger(), cache: () => BlockCache.open({ capacityBytes: 16 * 1024 * 1024 }) });
+  await catalog.create('v', 16 * 1024 * 1024);
+  const exports = new VolumeExports(catalog, {
+    readOnly: false, idleGraceMs: o.idleGraceMs, log: silentLogger(), lease: { manager: leases, hostId: 'h', onHeld: 'refuse', waitMs: 0 },
+    ...(o.onEvent ? { onEvent: (ev: { type: string }) => o.onEvent!(ev.type) } : {}),
+  });
+  t.teardown(() => exports.close());
+  return exports;
+}
+
+test('exports: a client attaching while the volume is being closed for idleness waits for the close, then gets it', async (t) => {
   const { FaultyObjectStore } = await import('../../src/store/decorators.js');
   const { MemoryObjectStore } = await import('../../src/store/memory.js');
-  const { silentLogger } = await import('../../src/log.js');
   const dir = await tempDir(t, 'baton-lease-');
   const leases = new LocalLeaseManager(dir, { ttlMs: 3000 });
   t.teardown(() => leases.close());
   // Every request takes 300 ms: the idle close flushes (10-310 ms), then writes a checkpoint
   // (310-610 ms) and only then releases the lease.
-  const store = new FaultyObjectStore(new MemoryObjectStore(), { latencyMs: 300 });
-  const catalog = new StoreCatalog({ store, log: silentLogger(), cache: () => BlockCache.open({ capacityBytes: 16 * 1024 * 1024 }) });
-  await catalog.create('v', 16 * 1024 * 1024);
-  const exports = new VolumeExports(catalog, { readOnly: false, idleGraceMs: 10, log: silentLogger(), lease: { manager: leases, hostId: 'h', onHeld: 'refuse', waitMs: 0 } });
-  t.teardown(() => exports.close());
+  const exports = await exportsOf(t, new FaultyObjectStore(new MemoryObjectStore(), { latencyMs: 300 }), leases, { idleGraceMs: 10 });
   const first = await exports.open('v');
   await first.backend.write(0, Buffer.alloc(4096, 7), false);
   first.release(); // idle close starts after 10 ms and takes several slow puts
@@ -579,22 +587,15 @@ test('exports: a client attaching while the volume is being closed for idleness 
 });
 
 test('exports: a volume whose lease ran out in a stall is attached again at once, not refused as held under this host id', async (t) => {
-  const { VolumeExports } = await import('../../src/exports.js');
-  const { StoreCatalog } = await import('../../src/volume/catalog.js');
-  const { BlockCache } = await import('../../src/cache.js');
   const { MemoryObjectStore } = await import('../../src/store/memory.js');
-  const { silentLogger } = await import('../../src/log.js');
   const dir = await tempDir(t, 'baton-lease-');
   // No renewals: the served volume loses its lease at its deadline (2.4 s), as a host whose
   // event loop stalled past it would; the lease file says "held" until 3 s.
   const ttl = 3000;
   const leases = new LocalLeaseManager(dir, { ttlMs: ttl, renew: false });
   t.teardown(() => leases.close());
-  const catalog = new StoreCatalog({ store: new MemoryObjectStore(), log: silentLogger(), cache: () => BlockCache.open({ capacityBytes: 16 * 1024 * 1024 }) });
-  await catalog.create('v', 16 * 1024 * 1024);
   const events: string[] = [];
-  const exports = new VolumeExports(catalog, { readOnly: false, idleGraceMs: 60_000, log: silentLogger(), lease: { manager: leases, hostId: 'h', onHeld: 'refuse', waitMs: 0 }, onEvent: (ev) => events.push(ev.type) });
-  t.teardown(() => exports.close());
+  const exports = await exportsOf(t, new MemoryObjectStore(), leases, { idleGraceMs: 60_000, onEvent: (type) => events.push(type) });
   const first = await exports.open('v');
   await first.backend.write(0, Buffer.alloc(4096, 7), false);
   await first.backend.flush();
