@@ -66,7 +66,11 @@ export interface Lease {
   onHandoffRequest(cb: (to: string) => void): void;
   /** Publish status for `baton status`; sent with the next renewal. */
   setStatus(s: LeaseStatus): void;
-  /** Give the lease back; with `to`, reserve it for that host so it can acquire at once. */
+  /**
+   * Give the lease back; with `to`, reserve it for that host so it can acquire at once. A lease
+   * already lost (at its deadline) is still removed from the store if the store's record is
+   * still ours (holder and token), best effort: the next acquire need not wait for its expiry.
+   */
   release(to?: string): Promise<void>;
 }
 
