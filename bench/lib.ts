@@ -553,11 +553,11 @@ export function median(xs: number[]): number {
   return v.length % 2 ? v[m]! : (v[m - 1]! + v[m]!) / 2;
 }
 
-/** The p-th percentile (0-100, nearest rank) of the finite values; NaN if none. */
-export function percentile(xs: number[], p: number): number {
+/** The q-quantile (0-1, nearest rank) of the finite values; NaN if none. */
+export function quantile(xs: number[], q: number): number {
   const v = xs.filter((x) => Number.isFinite(x)).sort((a, b) => a - b);
   if (v.length === 0) return NaN;
-  return v[Math.min(v.length - 1, Math.max(0, Math.ceil((p / 100) * v.length) - 1))]!;
+  return v[Math.min(v.length - 1, Math.max(0, Math.ceil(q * v.length) - 1))]!;
 }
 
 /** A number for a table: 3 significant digits, thousands kept whole; "–" for missing. */

@@ -21,7 +21,7 @@ import { randomBytes } from 'node:crypto';
 import * as path from 'node:path';
 import { GetObjectCommand, PutObjectCommand } from '@aws-sdk/client-s3';
 import { S3ObjectStore } from '../src/store/s3.js';
-import { envNumber, fmt, machineInfo, makeTempDir, markdownTable, median, percentile, startRgwBucket, writeResults } from './lib.js';
+import { envNumber, fmt, machineInfo, makeTempDir, markdownTable, median, quantile, startRgwBucket, writeResults } from './lib.js';
 
 const ROUNDS = Math.max(1, Math.floor(envNumber('ROUNDS', 5)));
 const COUNT = Math.max(8, Math.floor(envNumber('COUNT', 400)));
@@ -117,7 +117,7 @@ async function main(): Promise<void> {
       console.log(`PUT ${putRows[putRows.length - 1]!.join(' | ')}`);
     }
     const s = await compare(Math.min(COUNT, 200), 1, 4096, putBoth(randomBytes(4096)));
-    const lat = (side: Side): string => `${fmt(percentile(side.latMs, 50))} / ${fmt(percentile(side.latMs, 99))}`;
+    const lat = (side: Side): string => `${fmt(quantile(side.latMs, 0.5))} / ${fmt(quantile(side.latMs, 0.99))}`;
     qd1 = ['4 KiB, one at a time', lat(s.sdk), lat(s.baton), fmt(median(s.sdk.cpuUsPerReq)), fmt(median(s.baton.cpuUsPerReq))];
     json.push({ op: 'put-qd1', size: 4096, sides: s });
     console.log(`PUT QD1 ${qd1.join(' | ')}`);

@@ -35,7 +35,7 @@ import { openStore } from '../src/store/open.js';
 import {
   MiB, RESULTS_DIR, attachExt4, childrenCpuSeconds, diffCounters, selfCpuSeconds, envNumber, envSize, fmt, fmtRatio, goalsTable, has, limitGoal, machineInfo, makeRandomFile, makeTempDir,
   ratioGoal, slowdownGoal, type GoalRow,
-  markdownTable, nbdReadOnce, startStallProbe, ratio, runCommand, runFio, runNbdcopy, shellQuote, startBaton, startNbdkit, startRgw,
+  markdownTable, nbdReadOnce, quantile, startStallProbe, ratio, runCommand, runFio, runNbdcopy, shellQuote, startBaton, startNbdkit, startRgw,
   writeResults, type CommandResult, type Ext4Stack, type RgwCounters, type RgwRequest, type RgwServer, type Server,
 } from './lib.js';
 
@@ -89,12 +89,6 @@ const count = (b: Breakdown, k: string): number => b[k]?.n ?? 0;
 function fmtBreakdown(b: Breakdown): string {
   return Object.entries(b).sort((x, y) => y[1].n - x[1].n)
     .map(([k, v]) => `${k} ${v.n}${v.bytes ? ` (${formatSize(v.bytes)})` : ''}`).join(', ');
-}
-
-function quantile(xs: number[], q: number): number {
-  const v = xs.filter(Number.isFinite).sort((a, b) => a - b);
-  if (v.length === 0) return NaN;
-  return v[Math.min(v.length - 1, Math.max(0, Math.ceil(q * v.length) - 1))]!;
 }
 
 interface Window {

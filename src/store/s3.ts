@@ -636,17 +636,15 @@ export class S3ObjectStore implements ObjectStore {
     return new Promise<T>((resolve, reject) => {
       let settled = false;
       let answered: { value: T } | null = null;
-      // Whether node has handed the whole body (if any) to the kernel ('finish'), or never
-      // will (a final answer came before it was sent): until then a success does not settle.
-      let sent = false;
-      // With Expect: whether the body went (100 Continue or the wait), or never will.
-      let bodyDecided = !expectContinue;
+      // With Expect the body waits for 100 Continue (or CONTINUE_WAIT_MS); a final answer
+      // before that means it never goes.
+      let bodyState: 'waiting' | 'going' | 'never' = expectContinue ? 'waiting' : 'going';
       const timers: NodeJS.Timeout[] = [];
       // A failure destroys the request; one whose answer was read to its end (an error's XML)
       // has handed its connection back to the agent by then, and keeps it pooled.
       const finish = (err: unknown, value?: { value: T }): void => {
         if (settled) return;
-        if (err === undefined && !sent) {
+        if (err === undefined && !req.writableFinished && bodyState !== 'never') {
           answered = value!; // the body is still on its way to the kernel: settle at 'finish'
           return;
         }
@@ -671,10 +669,7 @@ export class S3ObjectStore implements ObjectStore {
       });
       // Listeners stay for the request's life: an error after the answer is settled is dropped here.
       req.on('error', fail);
-      req.on('finish', () => {
-        sent = true;
-        if (answered !== null) finish(undefined, answered);
-      });
+      req.on('finish', () => { if (answered !== null) finish(undefined, answered); });
       signal.addEventListener('abort', onAbort, { once: true });
       if (signal.aborted) return onAbort();
       const firstByte = setTimeout(() => fail(timeoutError(`no response headers within ${options.requestTimeout} ms (the first-byte limit)`)), options.requestTimeout);
@@ -689,8 +684,8 @@ export class S3ObjectStore implements ObjectStore {
       // The body goes once the store said 100 Continue, or after CONTINUE_WAIT_MS of silence
       // (a store that ignores Expect); never once it gave its final answer (that answer decides).
       const sendBody = (): void => {
-        if (bodyDecided || settled) return;
-        bodyDecided = true;
+        if (bodyState !== 'waiting' || settled) return;
+        bodyState = 'going';
         writeBody(0);
       };
       // A body goes into the socket a slice per turn of the event loop: handed over whole,
@@ -708,10 +703,7 @@ export class S3ObjectStore implements ObjectStore {
       };
       req.on('response', (res: IncomingMessage) => {
         clearTimeout(firstByte);
-        if (!bodyDecided) {
-          bodyDecided = true;
-          sent = true; // never sent: finish destroys the request, whose socket cannot be reused
-        }
+        if (bodyState === 'waiting') bodyState = 'never'; // finish destroys the request, whose socket cannot be reused
         const status = res.statusCode ?? 0;
         let ended = false;
         res.on('error', fail);
