@@ -12,7 +12,7 @@ import type { BlockCache } from '../cache.js';
 import { AlreadyExistsError, BatonError, CorruptError, InvalidArgumentError, NotFoundError, PreconditionFailedError, StoreUnavailableError, TimeoutError, errorMessage } from '../errors.js';
 import { accountMaps, diffMaps, type MappedExtent, type Range } from '../../cow/diff.js';
 import type { Logger } from '../log.js';
-import { listAll, type ObjectStore } from '../store/object-store.js';
+import { listAll, type ObjectInfo, type ObjectStore } from '../store/object-store.js';
 import { checkExportName, checkVolumeName, checkVolumeSize, type OpenVolume, type RemoveResult, type VolumeCatalog, type VolumeInfo } from '../volumes.js';
 import { DEFAULT_DATA, dataSettings, decodeAttrsRecord, decodeVolumeRecord, encodeVolumeRecord, forkMarkerOf, keys, maxOperationMs, seqFromKey, timeBounds, type AttrsRecord, type DataSettings, type VolumeRecord } from './format.js';
 import { GC_STATE_KEY, decodeGcState } from './gc-state.js';
@@ -48,6 +48,34 @@ const PUT_RECORD_ATTEMPTS = 3;
 /** Attempts at making a record whose earlier attempts were too slow to trust (undone: landRecord). */
 const SLOW_ATTEMPTS = 3;
 const MAX_ANCESTRY = 10_000;
+/** Keys in one page of an S3 listing: reading past that many costs another round trip (forkPoint). */
+const LIST_PAGE_KEYS = 1000;
+
+/**
+ * A fork's or snapshot's write-then-check against a concurrent `rm` of its source: is the
+ * source's name still naming the id it was forked from? landRecord issues it together with
+ * the name put, after the fork's marker and meta have landed, and undoes the fork if not.
+ *
+ * Why that is enough (rm is remove: it deletes the source's name, THEN looks for
+ * descendants, hasDescendants, and deletes the source's objects only if it finds none):
+ * let the check read the source's name at time c; the marker and the meta landed before c.
+ * - The check finds the source gone: the fork is undone; nothing of it survives.
+ * - The check finds it: rm deleted the name after c, so rm's look for descendants starts
+ *   after c, when the fork's marker (under the parent id, keys.forkMarker) and its meta are
+ *   in the store. hasDescendants counts a marker whose child's meta exists as a descendant
+ *   (a fork being made, whose name may land later), so rm keeps the data. The fork may later
+ *   be undone (slow, or its name taken): then the data stays for GC, which needs nothing
+ *   from rm to delete what no record maps.
+ * When the fork's parent is not the source (a fork of a snapshot or of a fork never written
+ * to, forkPoint), the source is a descendant of the parent for as long as the check finds
+ * it, so an rm of the parent meanwhile finds the source (a record) or the marker.
+ * An rm by a baton older than this check does not read markers: it relies on the check
+ * following the name put (the order before); mixing the two on one store is not supported.
+ */
+interface SourceCheck {
+  name: string;
+  stillThere: () => Promise<boolean>;
+}
 
 /** For a snapshot: the volume identity it was taken of; `volume` is null when that volume is gone. */
 export interface SnapshotOf {
@@ -136,11 +164,13 @@ export class StoreCatalog implements VolumeCatalog {
    * budget fails as putName says: whatever of it lands, lands within M of being issued, so
    * within the grace of its meta; past the budget it is undone like a slow one.
    */
-  private async landRecord(name: string, verb: 'create' | 'fork' | 'snapshot', make: () => Promise<VolumeRecord>, advice: string, confirm?: (rec: VolumeRecord) => Promise<void>): Promise<VolumeRecord> {
+  private async landRecord(name: string, verb: 'create' | 'fork' | 'snapshot', make: (window: { start: number }) => Promise<VolumeRecord>, advice: string, source?: SourceCheck): Promise<VolumeRecord> {
     const budgetMs = timeBounds(this.maxOpMs).forkBudgetMs;
     for (let attempt = 1; ; attempt++) {
-      const t0 = this.world.now();
-      const rec = await make();
+      // The step's start; `make` moves it later when it reads its fork point again (derive).
+      const window = { start: this.world.now() };
+      const rec = await make(window);
+      const t0 = window.start;
       // Ids are random: nobody else writes this key, and a meta nothing names is garbage.
       let metaThere = true;
       // A fork or snapshot marks itself under its parent's id with its meta, before its name
@@ -161,7 +191,11 @@ export class StoreCatalog implements VolumeCatalog {
       await marker;
       let landed = metaThere; // (a meta that went missing: undone below, its name never put)
       let uncertain = false;
+      // A fork's check that its source is still there goes out with its name put, once its
+      // marker and meta have landed (both awaited above): the argument is at SourceCheck.
+      let check: Promise<{ there: boolean } | { err: unknown }> | null = null;
       if (metaThere) {
+        check = source ? source.stillThere().then((there) => ({ there }), (err: unknown) => ({ err })) : null;
         try {
           uncertain = await this.putName(rec, advice);
         } catch (err) {
@@ -171,7 +205,12 @@ export class StoreCatalog implements VolumeCatalog {
       }
       const ms = this.world.now() - t0;
       if (landed && ms <= budgetMs) {
-        await confirm?.(rec);
+        const c = await check;
+        if (c !== null && 'err' in c) throw c.err;
+        if (c !== null && !c.there) {
+          await this.abandon(rec, true, verb, `lost its source ${source!.name}`); // waited out: no late try of our put re-creates it
+          throw new NotFoundError(`${source!.name} was removed while ${rec.name} was being made from it; nothing was created`);
+        }
         if (uncertain) await this.settle(rec, verb);
         return rec;
       }
@@ -201,7 +240,7 @@ export class StoreCatalog implements VolumeCatalog {
   }
 
   /**
-   * Undo an attempt of landRecord that cannot be trusted, or whose source went (confirmSource;
+   * Undo an attempt of landRecord that cannot be trusted, or whose source went (SourceCheck;
    * `landed`: its name put was answered, else its outcome is unknown), and return only once
    * nothing it sent can land any more, so that the next attempt's record under the same name
    * is neither removed by this attempt's delete nor shadowed by a late copy of its name put
@@ -320,29 +359,36 @@ export class StoreCatalog implements VolumeCatalog {
    * The log position a fork made now starts from: the last record in the source's log. Every
    * flush acknowledged before this call is in the log (a flush is acknowledged only after
    * its record's put was), so the fork includes it; nothing unflushed can be in the log.
-   * Cost: two LISTs, whatever the volume's size.
+   * Cost: one round trip, whatever the volume's size: its checkpoints and its log are listed
+   * together. The log is listed from its start: GC deletes the records below the newest
+   * checkpoint that nothing needs, so one page usually holds all of it. A listing that read
+   * a page and is still below the newest checkpoint, once that is known (a long log GC has
+   * not caught up with), is started again after it, as it would have been had it waited.
    */
   private async forkPoint(src: VolumeRecord): Promise<{ id: string; seq: number }> {
     if (src.snapshot) return src.parent!; // a snapshot is already a fixed point
-    const cps = await listAll(this.opts.store, keys.checkpointPrefix(src.id));
-    const lastCp = cps.length > 0 ? seqFromKey(cps[cps.length - 1]!.key) : 0;
-    const logs = await listAll(this.opts.store, keys.logPrefix(src.id), lastCp > 0 ? { startAfter: keys.log(src.id, lastCp) } : {});
-    const seq = logs.length > 0 ? seqFromKey(logs[logs.length - 1]!.key) : lastCp;
+    let newestCp: number | null = null;
+    const cps = listAll(this.opts.store, keys.checkpointPrefix(src.id)).then((l) => {
+      newestCp = l.length > 0 ? seqFromKey(l[l.length - 1]!.key) : 0;
+      return newestCp;
+    });
+    cps.catch(() => { /* awaited below */ });
+    let newestLog = 0;
+    let listed = 0;
+    let behind = false;
+    for await (const o of this.opts.store.list(keys.logPrefix(src.id))) {
+      newestLog = seqFromKey(o.key);
+      if (++listed >= LIST_PAGE_KEYS && newestCp !== null && newestLog < newestCp) { behind = true; break; }
+    }
+    const lastCp = await cps;
+    if (behind) {
+      newestLog = 0;
+      for await (const o of this.opts.store.list(keys.logPrefix(src.id), { startAfter: keys.log(src.id, lastCp) })) newestLog = seqFromKey(o.key);
+    }
+    // Records below the newest checkpoint may be left (GC keeps what forks need): the point is the newer of the two.
+    const seq = Math.max(newestLog, lastCp);
     if (seq === 0 && src.parent) return src.parent; // nothing written since it was forked itself
     return { id: src.id, seq };
-  }
-
-  /**
-   * Write-then-check against a concurrent `rm` of the source: rm deletes the source's
-   * record first and only then looks for descendants; we write our record first and only
-   * then check that the source's record is still there. Whatever the interleaving, either
-   * rm sees our record (and keeps the data) or we see the source gone (and undo the fork).
-   */
-  private async confirmSource(srcName: string, src: VolumeRecord, rec: VolumeRecord): Promise<void> {
-    const still = await this.rawRecord(srcName).catch((err) => { if (err instanceof NotFoundError) return null; throw err; });
-    if (still && still.id === src.id) return;
-    await this.abandon(rec, true, rec.snapshot ? 'snapshot' : 'fork', `lost its source ${srcName}`); // waited out: no late try of our put re-creates it
-    throw new NotFoundError(`${srcName} was removed while ${rec.name} was being made from it; nothing was created`);
   }
 
   /**
@@ -350,23 +396,38 @@ export class StoreCatalog implements VolumeCatalog {
    * between reading the fork point and landing the record, the objects the point names are
    * protected only by GC's grace period (>= 2x maxOperationMs, see gc.ts); an attempt slower
    * than half of that is undone and made again, never trusted (landRecord).
+   *
+   * Round trips in sequence (each a store request's time): 4. (1) the source's record; (2) its
+   * attribute records, checkpoints and log, listed together (forkPoint); (3) the meta and the
+   * fork marker; (4) the name, with the check that the source is still there (SourceCheck).
+   * A source that was resized or given an expiry (attribute records) costs two more: their
+   * bodies, then the fork point again, so that those reads never widen the window above.
    */
   private async derive(srcName: string, name: string, snapshot: boolean, opts: { expiresAt?: string } = {}): Promise<VolumeRecord> {
-    // Its size as it is now (attribute records applied); the largest size its log ever had
-    // goes along, so the fork can replay the source's records up to the fork point.
-    const src = await this.record(srcName);
+    const raw = await this.rawRecord(srcName);
     // A fork of an encrypted volume gets a data key of its own: the master key is needed (now, not after the fork point is read).
-    const master = src.data?.encryption && !snapshot ? this.masterKey() : null;
-    return this.landRecord(name, snapshot ? 'snapshot' : 'fork', async () => {
+    const master = raw.data?.encryption && !snapshot ? this.masterKey() : null;
+    return this.landRecord(name, snapshot ? 'snapshot' : 'fork', async (window) => {
+      // Its size as it is now (attribute records applied); the largest size its log ever had
+      // goes along, so the fork can replay the source's records up to the fork point. A
+      // snapshot has no attribute records (never resized, never expires).
+      const [attrs, first] = await Promise.all([raw.snapshot ? Promise.resolve([]) : listAll(this.opts.store, keys.attrsPrefix(raw.id)), this.forkPoint(raw)]);
+      let src = raw;
+      let parent = first;
+      if (attrs.length > 0) {
+        src = await this.effective(raw, attrs);
+        window.start = this.world.now();
+        parent = await this.forkPoint(raw);
+      }
       const id = randomId(this.world, 8);
       const enc = src.data?.encryption;
       // It stores data as its source does (a record made before issue 16 has no settings: neither has its fork).
       const data = src.data ? { data: { ...src.data, ...(enc ? { encryption: derivedEncryption(enc, master, name, srcName, id, snapshot, this.world) } : {}) } } : {};
       return {
-        format: 'baton-volume-1' as const, name, id, size: src.size, createdAt: this.world.wallTime().toISOString(), parent: await this.forkPoint(src),
+        format: 'baton-volume-1' as const, name, id, size: src.size, createdAt: this.world.wallTime().toISOString(), parent,
         ...data,
-      // A snapshot belongs to one volume identity, not to a name that may be reused.
-      ...(snapshot ? { snapshot: true, of: src.id } : {}),
+        // A snapshot belongs to one volume identity, not to a name that may be reused.
+        ...(snapshot ? { snapshot: true, of: src.id } : {}),
         ...(src.recoverySize !== undefined && src.recoverySize > src.size ? { recoverySize: src.recoverySize } : {}),
         ...(opts.expiresAt ? { expiresAt: opts.expiresAt } : {}),
         forksMarked: true as const,
@@ -374,7 +435,7 @@ export class StoreCatalog implements VolumeCatalog {
     },
     // A record that may land after we gave up could land later than GC allows (landRecord).
     `if it is there, remove it (baton rm ${name}) and make it again, since it cannot be trusted against garbage collection; if not, nothing needs cleaning up`,
-    (rec) => this.confirmSource(srcName, src, rec));
+    { name: srcName, stillThere: async () => (await this.recordOrNull(srcName))?.id === raw.id });
   }
 
   /** Time passing on the injected World (the simulator's clock in tests). */
@@ -526,9 +587,9 @@ export class StoreCatalog implements VolumeCatalog {
   }
 
   /** The record with its attribute records applied (see AttrsRecord in format.ts). */
-  async effective(rec: VolumeRecord): Promise<VolumeRecord> {
+  async effective(rec: VolumeRecord, listed?: ObjectInfo[]): Promise<VolumeRecord> {
     if (rec.snapshot) return rec; // never resized, never expires: no attribute records to look for
-    const a = await this.attrsOf(rec);
+    const a = await this.attrsOf(rec, listed);
     const out: VolumeRecord = { ...rec, size: a.size };
     if (a.recoverySize > a.size) out.recoverySize = a.recoverySize;
     if (a.expiresAt) out.expiresAt = a.expiresAt; else delete out.expiresAt;
@@ -538,10 +599,11 @@ export class StoreCatalog implements VolumeCatalog {
   /**
    * What a record's attribute records make of it: the newest size and expiry each sets (in
    * position order), the largest size it ever had, and the next free position. Attribute
-   * records are small and few (one per resize or expiry change).
+   * records are small and few (one per resize or expiry change). `listed`: their listing, if
+   * the caller has it.
    */
-  private async attrsOf(rec: VolumeRecord): Promise<{ size: number; expiresAt: string | null; recoverySize: number; next: number }> {
-    const objs = await listAll(this.opts.store, keys.attrsPrefix(rec.id));
+  private async attrsOf(rec: VolumeRecord, listed?: ObjectInfo[]): Promise<{ size: number; expiresAt: string | null; recoverySize: number; next: number }> {
+    const objs = listed ?? await listAll(this.opts.store, keys.attrsPrefix(rec.id));
     let size = rec.size;
     let expiresAt: string | null = rec.expiresAt ?? null;
     let recoverySize = Math.max(rec.size, rec.recoverySize ?? 0);
@@ -562,7 +624,7 @@ export class StoreCatalog implements VolumeCatalog {
   /**
    * Land an attribute record for `rec` at its next free position (create-only: a 412 means
    * another change took it; look again and take the next), then check that `name` still names
-   * `rec.id` (write-then-check, as confirmSource; a rename's final re-read of the attributes
+   * `rec.id` (write-then-check, as SourceCheck; a rename's final re-read of the attributes
    * is the other half: docs/rfc-lifecycle.md, "Resize", races). Throws if it does not: the
    * change landed on a volume that was renamed or removed meanwhile.
    */
@@ -688,7 +750,7 @@ export class StoreCatalog implements VolumeCatalog {
    * For each record: (1) find out whether anything descends from it, BEFORE anything is
    * deleted: if that cannot be told (a store error, an ancestry that cannot be followed),
    * nothing is removed. (2) Delete the record: from then on it does not exist. (3) Look
-   * again, now that no new fork can start from it (the write-then-check with confirmSource),
+   * again, now that no new fork can start from it (the write-then-check of SourceCheck),
    * and delete its objects only if nothing descends from it; descendants may map its
    * objects, which then stay for garbage collection, which knows who still needs them.
    */
@@ -798,9 +860,16 @@ export class StoreCatalog implements VolumeCatalog {
    *   `id` cannot be told; a record whose own name is gone by then was being undone.
    * Any other error (a 503, a timeout, an unreadable meta) is "cannot tell" too. A definite
    * "yes" from one record outweighs a "cannot tell" from another (keeping data is safe).
+   *
+   * A fork or snapshot being made counts too: a fork marker under `id` whose child's meta
+   * exists is a child whose name may still land (SourceCheck: a fork checks its source
+   * only once its marker and meta are in the store, while its name put is on its way). So
+   * is one that was abandoned by a crash before its name landed, until GC deletes its meta:
+   * its data then stays for GC too, which is safe. A marker whose child's meta is gone was
+   * undone (abandon deletes the meta last) or removed with its data.
    */
   private async hasDescendants(id: string): Promise<boolean> {
-    const recs = await this.allRecords();
+    const [recs, markers] = await Promise.all([this.allRecords(), listAll(this.opts.store, keys.forksPrefix(id))]);
     const metas = new Map<string, VolumeRecord | null>();
     const metaOf = async (vid: string): Promise<VolumeRecord | null> => {
       if (!metas.has(vid)) {
@@ -834,6 +903,18 @@ export class StoreCatalog implements VolumeCatalog {
         unknown ??= err;
       }
     }
+    // Children by marker that no record names (a record naming one was followed above).
+    const named = new Set(recs.map((r) => r.id));
+    const unnamed = [...new Set(markers.map((o) => forkMarkerOf(o.key)).filter((f) => f !== null && f.parent === id && !named.has(f.child)).map((f) => f!.child))];
+    const inFlight = await mapLimit(unnamed, 8, async (child) => {
+      try {
+        return (await this.opts.store.head(keys.meta(child))) !== null;
+      } catch (err) {
+        unknown ??= rewrap(err, `reading ${keys.meta(child)} failed: ${errorMessage(err)}`);
+        return false;
+      }
+    });
+    if (inFlight.includes(true)) return true;
     if (unknown !== null) throw unknown;
     return false;
   }
