@@ -51,32 +51,6 @@ const MAX_ANCESTRY = 10_000;
 /** Keys in one page of an S3 listing: reading past that many costs another round trip (forkPoint). */
 const LIST_PAGE_KEYS = 1000;
 
-/**
- * A fork's or snapshot's write-then-check against a concurrent `rm` of its source: is the
- * source's name still naming the id it was forked from? landRecord issues it together with
- * the name put, after the fork's marker and meta have landed, and undoes the fork if not.
- *
- * Why that is enough (rm is remove: it deletes the source's name, THEN looks for
- * descendants, hasDescendants, and deletes the source's objects only if it finds none):
- * let the check read the source's name at time c; the marker and the meta landed before c.
- * - The check finds the source gone: the fork is undone; nothing of it survives.
- * - The check finds it: rm deleted the name after c, so rm's look for descendants starts
- *   after c, when the fork's marker (under the parent id, keys.forkMarker) and its meta are
- *   in the store. hasDescendants counts a marker whose child's meta exists as a descendant
- *   (a fork being made, whose name may land later), so rm keeps the data. The fork may later
- *   be undone (slow, or its name taken): then the data stays for GC, which needs nothing
- *   from rm to delete what no record maps.
- * When the fork's parent is not the source (a fork of a snapshot or of a fork never written
- * to, forkPoint), the source is a descendant of the parent for as long as the check finds
- * it, so an rm of the parent meanwhile finds the source (a record) or the marker.
- * An rm by a baton older than this check does not read markers: it relies on the check
- * following the name put (the order before); mixing the two on one store is not supported.
- */
-interface SourceCheck {
-  name: string;
-  stillThere: () => Promise<boolean>;
-}
-
 /** For a snapshot: the volume identity it was taken of; `volume` is null when that volume is gone. */
 export interface SnapshotOf {
   /** The id of the volume it was taken of (null: an old record without `of`, whose volume is gone). */
@@ -164,7 +138,7 @@ export class StoreCatalog implements VolumeCatalog {
    * budget fails as putName says: whatever of it lands, lands within M of being issued, so
    * within the grace of its meta; past the budget it is undone like a slow one.
    */
-  private async landRecord(name: string, verb: 'create' | 'fork' | 'snapshot', make: (window: { start: number }) => Promise<VolumeRecord>, advice: string, source?: SourceCheck): Promise<VolumeRecord> {
+  private async landRecord(name: string, verb: 'create' | 'fork' | 'snapshot', make: (window: { start: number }) => Promise<VolumeRecord>, advice: string, confirm?: (rec: VolumeRecord) => Promise<void>): Promise<VolumeRecord> {
     const budgetMs = timeBounds(this.maxOpMs).forkBudgetMs;
     for (let attempt = 1; ; attempt++) {
       // The step's start; `make` moves it later when it reads its fork point again (derive).
@@ -191,11 +165,7 @@ export class StoreCatalog implements VolumeCatalog {
       await marker;
       let landed = metaThere; // (a meta that went missing: undone below, its name never put)
       let uncertain = false;
-      // A fork's check that its source is still there goes out with its name put, once its
-      // marker and meta have landed (both awaited above): the argument is at SourceCheck.
-      let check: Promise<{ there: boolean } | { err: unknown }> | null = null;
       if (metaThere) {
-        check = source ? source.stillThere().then((there) => ({ there }), (err: unknown) => ({ err })) : null;
         try {
           uncertain = await this.putName(rec, advice);
         } catch (err) {
@@ -205,12 +175,7 @@ export class StoreCatalog implements VolumeCatalog {
       }
       const ms = this.world.now() - t0;
       if (landed && ms <= budgetMs) {
-        const c = await check;
-        if (c !== null && 'err' in c) throw c.err;
-        if (c !== null && !c.there) {
-          await this.abandon(rec, true, verb, `lost its source ${source!.name}`); // waited out: no late try of our put re-creates it
-          throw new NotFoundError(`${source!.name} was removed while ${rec.name} was being made from it; nothing was created`);
-        }
+        await confirm?.(rec);
         if (uncertain) await this.settle(rec, verb);
         return rec;
       }
@@ -240,7 +205,7 @@ export class StoreCatalog implements VolumeCatalog {
   }
 
   /**
-   * Undo an attempt of landRecord that cannot be trusted, or whose source went (SourceCheck;
+   * Undo an attempt of landRecord that cannot be trusted, or whose source went (confirmSource;
    * `landed`: its name put was answered, else its outcome is unknown), and return only once
    * nothing it sent can land any more, so that the next attempt's record under the same name
    * is neither removed by this attempt's delete nor shadowed by a late copy of its name put
@@ -392,14 +357,29 @@ export class StoreCatalog implements VolumeCatalog {
   }
 
   /**
+   * Write-then-check against a concurrent `rm` of the source: rm deletes the source's
+   * record first and only then looks for descendants; we write our record first and only
+   * then check that the source's record is still there. Whatever the interleaving, either
+   * rm sees our record (and keeps the data) or we see the source gone (and undo the fork).
+   */
+  private async confirmSource(srcName: string, src: VolumeRecord, rec: VolumeRecord): Promise<void> {
+    const still = await this.rawRecord(srcName).catch((err) => { if (err instanceof NotFoundError) return null; throw err; });
+    if (still && still.id === src.id) return;
+    await this.abandon(rec, true, rec.snapshot ? 'snapshot' : 'fork', `lost its source ${srcName}`); // waited out: no late try of our put re-creates it
+    throw new NotFoundError(`${srcName} was removed while ${rec.name} was being made from it; nothing was created`);
+  }
+
+  /**
    * Make a fork or snapshot `name` of `srcName` at its last acknowledged flush. GC safety:
    * between reading the fork point and landing the record, the objects the point names are
    * protected only by GC's grace period (>= 2x maxOperationMs, see gc.ts); an attempt slower
    * than half of that is undone and made again, never trusted (landRecord).
    *
-   * Round trips in sequence (each a store request's time): 4. (1) the source's record; (2) its
+   * Round trips in sequence (each a store request's time): 5. (1) the source's record; (2) its
    * attribute records, checkpoints and log, listed together (forkPoint); (3) the meta and the
-   * fork marker; (4) the name, with the check that the source is still there (SourceCheck).
+   * fork marker; (4) the name; (5) the check that the source is still there (confirmSource,
+   * which must follow the name's landing: GC's argument, gc.ts case (c), relies on a fork
+   * that lands naming a source that was still there when it landed).
    * A source that was resized or given an expiry (attribute records) costs two more: their
    * bodies, then the fork point again, so that those reads never widen the window above.
    */
@@ -435,7 +415,7 @@ export class StoreCatalog implements VolumeCatalog {
     },
     // A record that may land after we gave up could land later than GC allows (landRecord).
     `if it is there, remove it (baton rm ${name}) and make it again, since it cannot be trusted against garbage collection; if not, nothing needs cleaning up`,
-    { name: srcName, stillThere: async () => (await this.recordOrNull(srcName))?.id === raw.id });
+    (rec) => this.confirmSource(srcName, raw, rec));
   }
 
   /** Time passing on the injected World (the simulator's clock in tests). */
@@ -624,7 +604,7 @@ export class StoreCatalog implements VolumeCatalog {
   /**
    * Land an attribute record for `rec` at its next free position (create-only: a 412 means
    * another change took it; look again and take the next), then check that `name` still names
-   * `rec.id` (write-then-check, as SourceCheck; a rename's final re-read of the attributes
+   * `rec.id` (write-then-check, as confirmSource; a rename's final re-read of the attributes
    * is the other half: docs/rfc-lifecycle.md, "Resize", races). Throws if it does not: the
    * change landed on a volume that was renamed or removed meanwhile.
    */
@@ -750,7 +730,7 @@ export class StoreCatalog implements VolumeCatalog {
    * For each record: (1) find out whether anything descends from it, BEFORE anything is
    * deleted: if that cannot be told (a store error, an ancestry that cannot be followed),
    * nothing is removed. (2) Delete the record: from then on it does not exist. (3) Look
-   * again, now that no new fork can start from it (the write-then-check of SourceCheck),
+   * again, now that no new fork can start from it (the write-then-check with confirmSource),
    * and delete its objects only if nothing descends from it; descendants may map its
    * objects, which then stay for garbage collection, which knows who still needs them.
    */
@@ -860,16 +840,9 @@ export class StoreCatalog implements VolumeCatalog {
    *   `id` cannot be told; a record whose own name is gone by then was being undone.
    * Any other error (a 503, a timeout, an unreadable meta) is "cannot tell" too. A definite
    * "yes" from one record outweighs a "cannot tell" from another (keeping data is safe).
-   *
-   * A fork or snapshot being made counts too: a fork marker under `id` whose child's meta
-   * exists is a child whose name may still land (SourceCheck: a fork checks its source
-   * only once its marker and meta are in the store, while its name put is on its way). So
-   * is one that was abandoned by a crash before its name landed, until GC deletes its meta:
-   * its data then stays for GC too, which is safe. A marker whose child's meta is gone was
-   * undone (abandon deletes the meta last) or removed with its data.
    */
   private async hasDescendants(id: string): Promise<boolean> {
-    const [recs, markers] = await Promise.all([this.allRecords(), listAll(this.opts.store, keys.forksPrefix(id))]);
+    const recs = await this.allRecords();
     const metas = new Map<string, VolumeRecord | null>();
     const metaOf = async (vid: string): Promise<VolumeRecord | null> => {
       if (!metas.has(vid)) {
@@ -903,18 +876,6 @@ export class StoreCatalog implements VolumeCatalog {
         unknown ??= err;
       }
     }
-    // Children by marker that no record names (a record naming one was followed above).
-    const named = new Set(recs.map((r) => r.id));
-    const unnamed = [...new Set(markers.map((o) => forkMarkerOf(o.key)).filter((f) => f !== null && f.parent === id && !named.has(f.child)).map((f) => f!.child))];
-    const inFlight = await mapLimit(unnamed, 8, async (child) => {
-      try {
-        return (await this.opts.store.head(keys.meta(child))) !== null;
-      } catch (err) {
-        unknown ??= rewrap(err, `reading ${keys.meta(child)} failed: ${errorMessage(err)}`);
-        return false;
-      }
-    });
-    if (inFlight.includes(true)) return true;
     if (unknown !== null) throw unknown;
     return false;
   }

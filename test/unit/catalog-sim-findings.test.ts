@@ -161,12 +161,10 @@ test('a fork whose source is removed while it is made: NotFound, and a late try 
     if (r.op === 'put' && r.key === keys.volumeRecord('f') && first === null) { first = r; return { landMs: 'held', replyMs: 2_000 }; }
     return NORMAL;
   };
-  let removed = false;
   s.net.onLand = (r) => {
-    // As the fork's meta lands (before its source check is sent, with its name put), the
-    // source is removed (rm on another host); the held try of the name put lands 20 ms after
-    // the fork's undo deleted the name (within M of its issue).
-    if (r.op === 'put' && r.key.endsWith('/meta') && !removed) { removed = true; void s.inner.delete(keys.volumeRecord('src')); }
+    // As the retried name put lands, the source is removed (rm on another host); the held
+    // try lands 20 ms after the fork's undo deleted the name (within M of its issue).
+    if (r.op === 'put' && r.key === keys.volumeRecord('f') && r !== first) void s.inner.delete(keys.volumeRecord('src'));
     if (r.op === 'delete' && r.key === keys.volumeRecord('f') && first !== null && s.net.held.has(first)) {
       const f = first;
       s.world.setTimeout(() => s.net.land(f), 20);
