@@ -70,6 +70,7 @@ import {
   errorMessage,
 } from '../errors.js';
 import { PUT_ID_META, newPutId } from './decorators.js';
+import { systemWorld, turnBudget } from '../clock.js';
 import { compareKeys, rangeError, validateKey, validateMetadata, validateRange } from './memory.js';
 import { EMPTY_SHA256, SigV4Signer, UNSIGNED_PAYLOAD, amzDate, encodeKeyPath, type SigV4Credentials } from './sigv4.js';
 import type { ByteRange, DeleteOptions, ListOptions, ObjectHead, ObjectInfo, ObjectStore, PutOptions } from './object-store.js';
@@ -211,8 +212,9 @@ const CLOCK_SKEW_MS = 300_000;
  * a refusal (a create-only put's 412, a bad signature) costs no upload and is read for sure.
  */
 const EXPECT_CONTINUE_BYTES = 2 * 1024 * 1024;
-/** A request body goes into its socket this much per turn of the event loop (#exchange). */
+/** A request body goes into its socket this much at a time, sharing turns with other bulk work (#exchange). */
 const BODY_SLICE = 1024 * 1024;
+const bodyTurns = turnBudget(systemWorld);
 /** How long a body waits for 100 Continue before it goes anyway (the SDK waits 1 s too). */
 const CONTINUE_WAIT_MS = 1000;
 /** An error answer's body is read up to this much (S3's XML errors are a few hundred bytes). */
@@ -692,6 +694,8 @@ export class S3ObjectStore implements ObjectStore {
       // 8 MiB went into the kernel in one write (on loopback, the receiving side's work too)
       // and sixteen segment uploads starting together held the loop for 100-200 ms, which a
       // guest's 4 KiB read waited out (bench/volume.ts, the stall probe).
+      // The slices of every request share each turn with the rest of the process's bulk
+      // work (clock.ts TurnBudget): sixteen uploads writing a slice each in one turn held it too.
       const writeBody = (at: number): void => {
         if (settled) return;
         if (body === undefined || body.length - at <= BODY_SLICE) {
@@ -699,7 +703,7 @@ export class S3ObjectStore implements ObjectStore {
           return;
         }
         req.write(body.subarray(at, at + BODY_SLICE));
-        setImmediate(writeBody, at + BODY_SLICE);
+        void bodyTurns.take(BODY_SLICE).then(() => writeBody(at + BODY_SLICE));
       };
       req.on('response', (res: IncomingMessage) => {
         clearTimeout(firstByte);

@@ -36,7 +36,7 @@ import { ExtentMap, REGION_SIZE, type FrozenExtentMap, type Piece } from '../../
 import { PackedExtentMap, type LocationCodec } from '../../cow/packed-map.js';
 import type { BlockCache } from '../cache.js';
 import { BatonError, ChecksumError, CorruptError, KeyError, FencedError, LeaseLostError, NotFoundError, OutOfRangeError, PreconditionFailedError, ReadOnlyError, ShutdownError, errorMessage } from '../errors.js';
-import { randomId, systemWorld, type TimerHandle, type World } from '../clock.js';
+import { randomId, systemWorld, turnBudget, type TimerHandle, type World } from '../clock.js';
 import type { Logger } from '../log.js';
 import { Hydration, type HydrateOptions, type HydrationStatus, type ObjectPiece } from './hydrate.js';
 import { WorkingSet } from './working-set.js';
@@ -49,7 +49,7 @@ import {
   followsChain, framedSegmentRef, inlineFrames, keys, logHeaderEnd, maxOperationMs, recordCounts, segmentFrames, seqFromKey, timeBounds,
   type CheckpointData, type DataSettings, type LogHeader, type RecordExtent, type VolumeRecord, type WorkingSetData,
 } from './format.js';
-import { FRAME_BYTES, compressionAvailable, copyFromBlocks, copyFromFrames, encodeObject, finishDirectRead, planBlockRead, planDirectRead, lengthsToString, type BlockRead, type EncodeOptions, type FrameIndex, type FrameKeys } from './frames.js';
+import { ENCODE_SLICE, FRAME_BYTES, compressionAvailable, concatInSlices, copyFromBlocks, copyFromFrames, encodeObject, finishDirectRead, planBlockRead, planDirectRead, lengthsToString, type BlockRead, type EncodeOptions, type FrameIndex, type FrameKeys } from './frames.js';
 
 /** The lease token is not above the highest one in the log: re-acquire with `minToken`. */
 export class StaleTokenError extends BatonError {
@@ -114,7 +114,7 @@ const DIRTY_MAP = { join: joinDirty };
  *
  * Why a layer's hold may end when the layer lands (publish): the bytes of buffered writes are
  * only ever read by (1) reads, which copy them out synchronously (Volume.read), (2) pack, whose
- * segment parts are views of them, used by upload to assemble a body (a copy: Buffer.concat,
+ * segment parts are views of them, used by upload to assemble a body (a copy: concatInSlices,
  * or the frames of encodeObject, whose raw frames are views again) and, for a local store, by
  * putParts, whose writes have all completed when the attempt's upload resolved, before its
  * record is put. A landed layer is out of every map and its attempt's uploads are done. An
@@ -122,7 +122,7 @@ const DIRTY_MAP = { join: joinDirty };
  * next attempt landed: it then reads reused memory, but nothing will ever name what it
  * writes (a dropped attempt is never published), so that is harmless. A remote store may go
  * on sending a body after its put gave up (RetryingObjectStore abandons an attempt): those
- * bodies are always copies (concat), never views of the arena.
+ * bodies are always copies (concatInSlices), never views of the arena.
  */
 interface ArenaChunk { buf: Buffer; holds: number }
 
@@ -1689,22 +1689,22 @@ export class Volume implements BlockBackend {
   private async upload(a: CommitAttempt): Promise<void> {
     assert(a.state === 'packed');
     const local = this.local;
-    // Each segment's synchronous work (assembling its body, the S3 client signing it, the
-    // first write of it into a socket: about 20 ms for 8 MiB here) runs in a turn of the
-    // event loop of its own. Started in one turn, 16 of them held the loop for 300-450 ms:
-    // another client's 4 KiB read waited that long, and a lease renewal would as well.
-    let turn: Promise<void> = Promise.resolve();
+    // Each segment's work (encoding its frames, assembling its body, writing it into a
+    // socket) goes a slice at a time, and the slices of every upload in this process share
+    // each turn of the event loop (TurnBudget): started together, 16 uploads held the loop
+    // for 300-450 ms, and later 16 slices a turn still held it for 10-30 ms; another client's
+    // 4 KiB read waited that long, and a lease renewal would as well.
+    const turns = turnBudget(this.world);
+    const slice = (): Promise<void> => turns.take(ENCODE_SLICE);
     await Promise.all(a.segments.map(async (s) => {
       await this.uploadSlots.acquire();
       try {
         if (a.dropped) return; // an earlier attempt failed meanwhile: nothing will name it
-        const mine = turn.then(() => this.world.yield());
-        turn = mine;
-        await mine;
+        await slice();
         if (a.inlineParts !== null) {
           // Framed: the segment's logical parts become its frames (each frame checksummed,
           // maybe compressed and encrypted), a slice of work per turn.
-          const enc = await encodeObject(s.key, s.parts, s.logical, this.encodeOptions, () => this.world.yield());
+          const enc = await encodeObject(s.key, s.parts, s.logical, this.encodeOptions, slice);
           s.parts = enc.pieces;
           s.size = enc.stored;
           s.frames = enc.lengths;
@@ -1715,7 +1715,9 @@ export class Volume implements BlockBackend {
           await local.putParts(s.key, s.parts);
           return;
         }
-        s.body = Buffer.concat(s.parts, s.size);
+        // A private copy (an abandoned put may still be sending it after the arena was reused: ArenaChunk).
+        s.body = await concatInSlices(s.parts, s.size, slice);
+        if (a.dropped) return;
         await this.store.put(s.key, s.body);
       } finally {
         this.uploadSlots.release();
