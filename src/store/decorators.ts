@@ -565,6 +565,7 @@ export class InstrumentedObjectStore implements ObjectStore {
         view: (key, offset, length, use) => inner.view(key, offset, length, use),
         readv: (key, offset, parts) => inner.readv(key, offset, parts),
         putParts: (key, parts, options) => this.#count('put', () => inner.putParts(key, parts, options), () => parts.reduce((n, p) => n + p.length, 0)),
+        ...(inner.keys ? { keys: (prefix: string, options?: ListOptions) => this.#countedListing(inner.keys!(prefix, options)) } : {}),
         ...(inner.reads ? { reads: inner.reads } : {}),
       };
     }
@@ -655,17 +656,21 @@ export class InstrumentedObjectStore implements ObjectStore {
    * (the awaits of the inner listing), not the caller's time between keys. A listing the
    * caller stops early counts as ok.
    */
-  async *list(prefix: string, options?: ListOptions): AsyncIterable<ObjectInfo> {
+  list(prefix: string, options?: ListOptions): AsyncIterable<ObjectInfo> {
+    return this.#countedListing(this.next.list(prefix, options));
+  }
+
+  async *#countedListing<T>(listing: AsyncIterable<T>): AsyncIterable<T> {
     const s = this.#stats.list;
     const m = this.#metrics.list;
     s.requests++;
     let waited = 0;
     let outcome: StoreOutcome = 'ok';
-    const it = this.next.list(prefix, options)[Symbol.asyncIterator]();
+    const it = listing[Symbol.asyncIterator]();
     try {
       for (;;) {
         const t0 = performance.now();
-        let r: IteratorResult<ObjectInfo>;
+        let r: IteratorResult<T>;
         try {
           r = await it.next();
         } finally {

@@ -237,6 +237,7 @@ export class LocalDirObjectStore implements ObjectStore {
       return this.#withFile(key, offset, length, (fd) => preadvFully(fd, key, parts, LOCAL_HEADER_SIZE + offset));
     },
     putParts: (key, parts, options) => this.#put(key, parts, options),
+    keys: (prefix, options) => this.#keys(prefix, options),
     reads: this.#reads,
   };
   /** Root made durable, `.tmp/` made and swept; once per process (reset if it failed). */
@@ -662,16 +663,24 @@ export class LocalDirObjectStore implements ObjectStore {
   }
 
   async *list(prefix: string, options?: ListOptions): AsyncIterable<ObjectInfo> {
-    const after = options?.startAfter;
+    for await (const x of this.#start(prefix, options, options?.etags === true ? 'etags' : 'info')) yield x as ObjectInfo;
+  }
+
+  async *#keys(prefix: string, options?: ListOptions): AsyncIterable<string> {
+    for await (const x of this.#start(prefix, options, 'keys')) yield x as string;
+  }
+
+  #start(prefix: string, options: ListOptions | undefined, what: 'keys' | 'info' | 'etags'): AsyncGenerator<ObjectInfo | string> | [] {
     // Start at the deepest directory the prefix names completely ("vol/abc/lo" -> vol/abc/).
     const cut = prefix.lastIndexOf('/');
     const dirKey = prefix.slice(0, cut + 1);
     const dirSegs = cut < 0 ? [] : prefix.slice(0, cut).split('/');
-    if (dirSegs.some((s) => s === '' || s === '.' || s === '..')) return; // no valid key has such a prefix
-    yield* this.#walk(join(this.root, ...dirSegs.map(escapeSegment)), dirKey, prefix, after, options?.endAt, options?.etags === true);
+    if (dirSegs.some((s) => s === '' || s === '.' || s === '..')) return []; // no valid key has such a prefix
+    return this.#walk(join(this.root, ...dirSegs.map(escapeSegment)), dirKey, prefix, options?.startAfter, options?.endAt, what);
   }
 
-  async *#walk(dirPath: string, keyPrefix: string, prefix: string, after: string | undefined, end: string | undefined, etags: boolean): AsyncGenerator<ObjectInfo> {
+  /** Keys in order under a directory: each file's key ('keys'), or its ObjectInfo (with its etag: 'etags'). */
+  async *#walk(dirPath: string, keyPrefix: string, prefix: string, after: string | undefined, end: string | undefined, what: 'keys' | 'info' | 'etags'): AsyncGenerator<ObjectInfo | string> {
     let names: Dirent[];
     try {
       names = await readdir(dirPath, { withFileTypes: true });
@@ -718,13 +727,17 @@ export class LocalDirObjectStore implements ObjectStore {
     for (let i = 0; i < wanted.length; i++) {
       const e = wanted[i]!;
       if (e.isDir) {
-        yield* this.#walk(join(dirPath, e.name), e.sortKey, prefix, after, end, etags);
+        yield* this.#walk(join(dirPath, e.name), e.sortKey, prefix, after, end, what);
+        continue;
+      }
+      if (what === 'keys') {
+        yield e.sortKey; // (a file deleted since readdir may be named, as an S3 listing may)
         continue;
       }
       for (started = Math.max(started, i); started < wanted.length && started < i + LIST_AHEAD; started++) {
         const f = wanted[started]!;
         if (f.isDir) continue;
-        const info = this.#info(join(dirPath, f.name), f.sortKey, etags);
+        const info = this.#info(join(dirPath, f.name), f.sortKey, what === 'etags');
         info.catch(() => {}); // awaited below, unless the caller stops listing first
         ahead.set(started, info);
       }

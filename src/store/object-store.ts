@@ -103,6 +103,11 @@ export interface LocalObjects {
   /** Exactly put(key, concatenation of parts, options), without concatenating them. */
   putParts(key: string, parts: readonly Buffer[], options?: PutOptions): Promise<void>;
   /**
+   * The keys list(prefix, options) gives, without what each file would cost list() to learn
+   * (its size and time: a stat per key). For callers that need only keys (keysOf).
+   */
+  keys?(prefix: string, options?: ListOptions): AsyncIterable<string>;
+  /**
    * Counts of read() calls, kept by the store that does them and passed on unchanged by every
    * decorator that passes `local` on (serve --metrics reads them at scrape time). Kept there
    * because read() is on the path of every NBD READ of a file: store: counting in place costs
@@ -135,6 +140,16 @@ export interface ObjectStore {
   delete(key: string, options?: DeleteOptions): Promise<void>;
   /** Release sockets, file handles. */
   close(): Promise<void>;
+}
+
+/** The keys of store.list(prefix, options), through LocalObjects.keys where the store has it. */
+export async function* keysOf(store: ObjectStore, prefix: string, options?: ListOptions): AsyncIterable<string> {
+  const local = store.local?.keys;
+  if (local) {
+    yield* local(prefix, options);
+    return;
+  }
+  for await (const o of store.list(prefix, options)) yield o.key;
 }
 
 export async function listAll(store: ObjectStore, prefix: string, options?: ListOptions): Promise<ObjectInfo[]> {

@@ -284,6 +284,7 @@ export class SettingsCheckedObjectStore implements ObjectStore {
         putParts: (key, parts, options) => (this.#state === 'ok'
           ? inner.putParts(key, parts, options)
           : this.#ready(true).then(() => inner.putParts(key, parts, options))),
+        ...(inner.keys ? { keys: (prefix: string, options?: ListOptions) => (this.#state === 'ok' ? inner.keys!(prefix, options) : this.#checkedKeys(inner, prefix, options)) } : {}),
         ...(inner.reads ? { reads: inner.reads } : {}),
       };
     }
@@ -343,6 +344,11 @@ export class SettingsCheckedObjectStore implements ObjectStore {
   async *#checkedList(prefix: string, options?: ListOptions): AsyncIterable<ObjectInfo> {
     await this.#ready(false);
     yield* this.next.list(prefix, options);
+  }
+
+  async *#checkedKeys(inner: LocalObjects, prefix: string, options?: ListOptions): AsyncIterable<string> {
+    await this.#ready(false);
+    yield* inner.keys!(prefix, options);
   }
 
   close(): Promise<void> {

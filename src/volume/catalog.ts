@@ -12,7 +12,7 @@ import type { BlockCache } from '../cache.js';
 import { AlreadyExistsError, BatonError, CorruptError, InvalidArgumentError, NotFoundError, PreconditionFailedError, StoreUnavailableError, TimeoutError, errorMessage } from '../errors.js';
 import { accountMaps, diffMaps, type MappedExtent, type Range } from '../../cow/diff.js';
 import type { Logger } from '../log.js';
-import { listAll, type ObjectInfo, type ObjectStore } from '../store/object-store.js';
+import { keysOf, listAll, type ObjectInfo, type ObjectStore } from '../store/object-store.js';
 import { checkExportName, checkVolumeName, checkVolumeSize, type OpenVolume, type RemoveResult, type VolumeCatalog, type VolumeInfo } from '../volumes.js';
 import { DEFAULT_DATA, dataSettings, decodeAttrsRecord, decodeVolumeRecord, encodeVolumeRecord, forkMarkerOf, keys, maxOperationMs, seqFromKey, timeBounds, type AttrsRecord, type DataSettings, type VolumeRecord } from './format.js';
 import { GC_STATE_KEY, decodeGcState } from './gc-state.js';
@@ -332,23 +332,25 @@ export class StoreCatalog implements VolumeCatalog {
    */
   private async forkPoint(src: VolumeRecord): Promise<{ id: string; seq: number }> {
     if (src.snapshot) return src.parent!; // a snapshot is already a fixed point
+    // Keys only (keysOf): a `file:` store then lists without a stat per key.
     let newestCp: number | null = null;
-    const cps = listAll(this.opts.store, keys.checkpointPrefix(src.id)).then((l) => {
-      newestCp = l.length > 0 ? seqFromKey(l[l.length - 1]!.key) : 0;
-      return newestCp;
-    });
+    const cps = (async () => {
+      let last = 0;
+      for await (const k of keysOf(this.opts.store, keys.checkpointPrefix(src.id))) last = seqFromKey(k);
+      return newestCp = last;
+    })();
     cps.catch(() => { /* awaited below */ });
     let newestLog = 0;
     let listed = 0;
     let behind = false;
-    for await (const o of this.opts.store.list(keys.logPrefix(src.id))) {
-      newestLog = seqFromKey(o.key);
+    for await (const k of keysOf(this.opts.store, keys.logPrefix(src.id))) {
+      newestLog = seqFromKey(k);
       if (++listed >= LIST_PAGE_KEYS && newestCp !== null && newestLog < newestCp) { behind = true; break; }
     }
     const lastCp = await cps;
     if (behind) {
       newestLog = 0;
-      for await (const o of this.opts.store.list(keys.logPrefix(src.id), { startAfter: keys.log(src.id, lastCp) })) newestLog = seqFromKey(o.key);
+      for await (const k of keysOf(this.opts.store, keys.logPrefix(src.id), { startAfter: keys.log(src.id, lastCp) })) newestLog = seqFromKey(k);
     }
     // Records below the newest checkpoint may be left (GC keeps what forks need): the point is the newer of the two.
     const seq = Math.max(newestLog, lastCp);

@@ -14,7 +14,8 @@ import { silentLogger } from '../../src/log.js';
 import { FaultyObjectStore, seededRandom } from '../../src/store/decorators.js';
 import { LocalDirObjectStore, keptFilesBudget } from '../../src/store/local-dir.js';
 import { SettingsCheckedObjectStore } from '../../src/store/probe.js';
-import type { ObjectStore } from '../../src/store/object-store.js';
+import { keysOf, listAll, type ObjectStore } from '../../src/store/object-store.js';
+import { openStore } from '../../src/store/open.js';
 import { StoreCatalog } from '../../src/volume/catalog.js';
 import { decodeLogHeader } from '../../src/volume/format.js';
 import type { Volume } from '../../src/volume/volume.js';
@@ -217,3 +218,23 @@ test('puts into one directory share its fsyncs (each waits for one that started 
   await store.put('vol/v/seg/b', Buffer.from('b'));
   t.is(store.dirSyncs - one, 2);
 });
+
+test('keysOf a file: store as openStore opens it (settings check, counting) lists keys without stats, counted as a listing', async (t) => {
+  const dir = await mkdtemp(join(tmpdir(), 'baton-local-'));
+  t.teardown(() => rm(dir, { recursive: true, force: true }));
+  const store = openStore(`file:${dir}`, { instrument: true });
+  t.teardown(() => store.close());
+  const want = ['vol/x/log/1', 'vol/x/log/2', 'vol/x/log/3', 'vol/x/seg/1', 'vol/y/log/1'];
+  for (const k of want) await store.put(k, Buffer.from(k));
+  t.truthy(store.local?.keys, 'the local store\'s keys-only listing is passed on');
+  const got: string[] = [];
+  const before = (store as InstrumentedOrChecked).next?.stats?.().list.requests;
+  for await (const k of keysOf(store, 'vol/x/log/', { startAfter: 'vol/x/log/1' })) got.push(k);
+  t.deepEqual(got, ['vol/x/log/2', 'vol/x/log/3']);
+  t.deepEqual(got, (await listAll(store, 'vol/x/log/', { startAfter: 'vol/x/log/1' })).map((o) => o.key));
+  const inst = (store as InstrumentedOrChecked).next;
+  if (inst?.stats) t.is(inst.stats().list.requests, (before ?? 0) + 2, 'keysOf and list each counted once');
+  else t.fail('the counting decorator sits under the settings check');
+});
+
+type InstrumentedOrChecked = { next?: { stats?: () => { list: { requests: number } } } };

@@ -22,7 +22,7 @@ import {
   StoreUnsafeError,
   isBatonError,
 } from '../../src/errors.js';
-import { listAll, type ObjectStore, type PutOptions } from '../../src/store/object-store.js';
+import { keysOf, listAll, type ListOptions, type ObjectStore, type PutOptions } from '../../src/store/object-store.js';
 import { MemoryObjectStore, compareKeys } from '../../src/store/memory.js';
 import { LocalDirObjectStore, LOCAL_HEADER_SIZE } from '../../src/store/local-dir.js';
 import { S3ObjectStore } from '../../src/store/s3.js';
@@ -260,6 +260,14 @@ const checks: Record<string, Check> = {
         `startAfter ${JSON.stringify(after)}`,
       );
     }
+    // keysOf (a local store's keys-only listing where there is one) gives the same keys.
+    const keysList = async (p: string, o?: ListOptions): Promise<string[]> => { const out: string[] = []; for await (const k of keysOf(store, p, o)) out.push(k); return out; };
+    for (const p of ['', 'l/', 'l/a', 'l/a/', 'l', 'nothing', 'l/\u{1f600}']) t.deepEqual(await keysList(p), under(p), `keysOf prefix ${JSON.stringify(p)}`);
+    for (const after of ['l/a', 'l/a/', 'l/a/b', 'l/zzz']) {
+      t.deepEqual(await keysList('l/', { startAfter: after }), (await listAll(store, 'l/', { startAfter: after })).map((o) => o.key), `keysOf startAfter ${JSON.stringify(after)}`);
+    }
+    const ends = await keysList('l/', { endAt: 'l/b' });
+    t.deepEqual(ends.filter((k) => utf8Order(k, 'l/b') <= 0), under('l/').filter((k) => utf8Order(k, 'l/b') <= 0), 'keysOf endAt (a store may return more)');
   },
 
   'list: pagination and startAfter across pages': async (t, store) => {
