@@ -42,8 +42,7 @@ export function randomId(world: World, bytes: number): string {
 
 /**
  * Bytes of bulk work (encoding, copying, writing request bodies) one turn of the event loop may
- * do. 1, 2 and 4 MiB gave the same write throughput into radosgw (`STEPS=puts` of
- * bench/volume.ts, three alternations each, session 16); 1 MiB the shortest stalls.
+ * do (bench/README.md, session 16: the stall probe's p99 halved, write throughput unchanged).
  */
 export const TURN_BUDGET_BYTES = 1024 * 1024;
 
@@ -54,22 +53,34 @@ export const TURN_BUDGET_BYTES = 1024 * 1024;
  * between slices, but sixteen uploads in flight each did their slice in the same turn, so a
  * turn held the loop for 16 slices (10-30 ms), and a guest's 4 KiB read, or a lease renewal,
  * waited behind all of them (bench/volume.ts, the stall probe). Now the slices of one turn
- * add up to about TURN_BUDGET_BYTES; the rest wait for the next turns, in the order they
- * asked. The total work is the same; only how it is spread over turns changes.
+ * add up to about TURN_BUDGET_BYTES; the rest wait for the next turns, by priority (the
+ * callers': request bodies first, then the oldest upload's slices; served round-robin instead,
+ * every upload finished late and writes were ~9 % slower). The total work is the same; only
+ * how it is spread over turns changes.
  *
- * take(n) resolves once `n` more bytes may be done in the current turn: at once while the
- * turn's budget is not spent and nobody waits, else in a later turn. A single take larger
- * than the budget is still granted (alone in its turn).
+ * take(n, priority) resolves once `n` more bytes may be done in the current turn: at once
+ * while the turn's budget is not spent and nobody waits, else in a later turn, lower
+ * priorities first, then in the order asked. A single take larger than the budget is still
+ * granted (alone in its turn).
  */
 export class TurnBudget {
   #spent = 0;
   #resetting = false;
   /** Bytes asked for so far (what went through this budget: tests read it). */
   asked = 0;
-  readonly #waiters: { bytes: number; go: () => void }[] = [];
+  #tickets = 0;
+  /** Waiting takes, by priority (lower first), then in the order asked. */
+  readonly #waiters: { bytes: number; priority: number; go: () => void }[] = [];
   constructor(private readonly world: World, private readonly limit = TURN_BUDGET_BYTES) {}
 
-  take(bytes: number): Promise<void> {
+  /**
+   * Increasing numbers, for priorities that put older work first: a segment upload takes one
+   * as it starts, so the oldest upload's slices go first and segments finish in the order
+   * they started (served round-robin, every upload finished late, and commits waited).
+   */
+  ticket(): number { return ++this.#tickets; }
+
+  take(bytes: number, priority = 0): Promise<void> {
     this.asked += bytes;
     if (this.#spent < this.limit && this.#waiters.length === 0) {
       this.#spent += bytes;
@@ -77,7 +88,9 @@ export class TurnBudget {
       return Promise.resolve();
     }
     return new Promise((go) => {
-      this.#waiters.push({ bytes, go });
+      let at = this.#waiters.length;
+      while (at > 0 && this.#waiters[at - 1]!.priority > priority) at--;
+      this.#waiters.splice(at, 0, { bytes, priority, go });
       this.#resetSoon();
     });
   }

@@ -703,7 +703,8 @@ export class S3ObjectStore implements ObjectStore {
           return;
         }
         req.write(body.subarray(at, at + BODY_SLICE));
-        void bodyTurns.take(BODY_SLICE).then(() => writeBody(at + BODY_SLICE));
+        // Before any encoding or assembling (priority -1): these bytes are ready, and sent they free their memory.
+        void bodyTurns.take(BODY_SLICE, -1).then(() => writeBody(at + BODY_SLICE));
       };
       req.on('response', (res: IncomingMessage) => {
         clearTimeout(firstByte);

@@ -1695,9 +1695,11 @@ export class Volume implements BlockBackend {
     // for 300-450 ms, and later 16 slices a turn still held it for 10-30 ms; another client's
     // 4 KiB read waited that long, and a lease renewal would as well.
     const turns = turnBudget(this.world);
-    const slice = (): Promise<void> => turns.take(ENCODE_SLICE);
     await Promise.all(a.segments.map(async (s) => {
       await this.uploadSlots.acquire();
+      // The oldest upload's slices first (TurnBudget.ticket): segments finish in the order they started.
+      const ticket = turns.ticket();
+      const slice = (): Promise<void> => turns.take(ENCODE_SLICE, ticket);
       try {
         if (a.dropped) return; // an earlier attempt failed meanwhile: nothing will name it
         await slice();

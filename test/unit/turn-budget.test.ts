@@ -51,6 +51,17 @@ test('concurrent takers get at most the budget per turn (the last take may go ov
   t.deepEqual(grants.slice(0, 4).map((g) => g.who), [0, 1, 2, 3]);
 });
 
+test('waiting takes go by priority (lower first), then in the order asked', async (t) => {
+  const w = countingWorld();
+  const b = new TurnBudget(w, 1000);
+  await b.take(1000); // this turn's budget is spent
+  const order: string[] = [];
+  const asks = [['a', 5], ['b', -1], ['c', 3], ['d', 0], ['e', -1], ['f', 3]] as const;
+  await Promise.all(asks.map(async ([name, priority]) => { await b.take(1000, priority); order.push(name); }));
+  t.deepEqual(order, ['b', 'e', 'd', 'c', 'f', 'a']);
+  t.true(b.ticket() < b.ticket(), 'tickets increase');
+});
+
 test('a volume\'s segment uploads go through its World\'s turn budget (encoding and body assembly)', async (t) => {
   const world = countingWorld();
   const store = new MemoryObjectStore();
