@@ -212,7 +212,10 @@ const CLOCK_SKEW_MS = 300_000;
  * a refusal (a create-only put's 412, a bad signature) costs no upload and is read for sure.
  */
 const EXPECT_CONTINUE_BYTES = 2 * 1024 * 1024;
-/** A request body goes into its socket this much at a time, sharing turns with other bulk work (#exchange). */
+/**
+ * A request body goes into its socket this much at a time, each slice taking its bytes from the
+ * process's TurnBudget (clock.ts), which request bodies share with segment encoding (#exchange).
+ */
 const BODY_SLICE = 1024 * 1024;
 const bodyTurns = turnBudget(systemWorld);
 /** How long a body waits for 100 Continue before it goes anyway (the SDK waits 1 s too). */
@@ -690,12 +693,12 @@ export class S3ObjectStore implements ObjectStore {
         bodyState = 'going';
         writeBody(0);
       };
-      // A body goes into the socket a slice per turn of the event loop: handed over whole,
-      // 8 MiB went into the kernel in one write (on loopback, the receiving side's work too)
-      // and sixteen segment uploads starting together held the loop for 100-200 ms, which a
-      // guest's 4 KiB read waited out (bench/volume.ts, the stall probe).
-      // The slices of every request share each turn with the rest of the process's bulk
-      // work (clock.ts TurnBudget): sixteen uploads writing a slice each in one turn held it too.
+      // A body goes into the socket a slice at a time, within the process's budget per turn of
+      // the event loop (clock.ts TurnBudget): handed over whole, 8 MiB went into the kernel in
+      // one write (on loopback, the receiving side's work too), and sixteen uploads writing a
+      // slice each in one turn still held the loop; a guest's 4 KiB read waited them out
+      // (bench/volume.ts, the stall probe). Bodies go before encoding (priority -1): their
+      // bytes are ready, and sent they free their memory.
       const writeBody = (at: number): void => {
         if (settled) return;
         if (body === undefined || body.length - at <= BODY_SLICE) {
@@ -703,7 +706,6 @@ export class S3ObjectStore implements ObjectStore {
           return;
         }
         req.write(body.subarray(at, at + BODY_SLICE));
-        // Before any encoding or assembling (priority -1): these bytes are ready, and sent they free their memory.
         void bodyTurns.take(BODY_SLICE, -1).then(() => writeBody(at + BODY_SLICE));
       };
       req.on('response', (res: IncomingMessage) => {

@@ -333,11 +333,12 @@ export class StoreCatalog implements VolumeCatalog {
   private async forkPoint(src: VolumeRecord): Promise<{ id: string; seq: number }> {
     if (src.snapshot) return src.parent!; // a snapshot is already a fixed point
     // Keys only (keysOf): a `file:` store then lists without a stat per key.
-    let newestCp: number | null = null;
+    let newestCp: number | null = null; // known once the checkpoints are listed
     const cps = (async () => {
       let last = 0;
       for await (const k of keysOf(this.opts.store, keys.checkpointPrefix(src.id))) last = seqFromKey(k);
-      return newestCp = last;
+      newestCp = last;
+      return last;
     })();
     cps.catch(() => { /* awaited below */ });
     let newestLog = 0;

@@ -1705,7 +1705,7 @@ export class Volume implements BlockBackend {
         await slice();
         if (a.inlineParts !== null) {
           // Framed: the segment's logical parts become its frames (each frame checksummed,
-          // maybe compressed and encrypted), a slice of work per turn.
+          // maybe compressed and encrypted), a slice at a time.
           const enc = await encodeObject(s.key, s.parts, s.logical, this.encodeOptions, slice);
           s.parts = enc.pieces;
           s.size = enc.stored;
@@ -1750,7 +1750,6 @@ export class Volume implements BlockBackend {
     a.dataStart = dataStart;
     a.inlineParts = [];
   }
-
 
   /**
    * The commit point: the create-only put of the attempt's record. Resolves once it is in
