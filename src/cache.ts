@@ -16,11 +16,13 @@
  * disk is reported once and costs only speed (blocks come from the store until it works).
  */
 
+import { strict as assert } from 'node:assert';
 import * as fs from 'node:fs';
 import * as fsp from 'node:fs/promises';
 import * as path from 'node:path';
 import { randomBytes } from 'node:crypto';
 import { Slots } from './slots.js';
+import { WRITE_CHUNK_BYTES } from './store/local-dir.js';
 import type { ObjectStore } from './store/object-store.js';
 
 export const CACHE_BLOCK = 256 * 1024;
@@ -55,8 +57,6 @@ export class MemorySlab implements Slab {
  * block of 256 KiB.
  */
 export const MAX_SLAB_WRITES = 2;
-/** The most adjacent block writes joined into one write (FileSlab.write): 4 MiB. */
-export const SLAB_WRITE_BATCH = 16;
 
 /**
  * Blocks in one local file. Reads are synchronous on purpose: the blocks were written moments
@@ -95,11 +95,13 @@ export class FileSlab implements Slab {
    * miss lease renewals). Reads stay synchronous (small, and from the page cache). At most
    * MAX_SLAB_WRITES of them are in the pool at once; the rest wait here, in order.
    *
-   * Waiting block writes to adjacent slots go as one (fs.writev, up to SLAB_WRITE_BATCH
-   * blocks): a cold read or hydration fills the cache with runs of consecutive slots, and each
-   * trip into the pool costs the event loop 20-100 µs of its own (handing the work to a pool
-   * thread and waking it), 4,096 trips per GiB one block at a time. A write waits for nothing
-   * to batch with: only writes already waiting behind the bound are joined.
+   * One block (256 KiB, WRITE_CHUNK_BYTES) per write system call, though each costs a trip
+   * into the pool (20-100 µs of the event loop's own time): adjacent blocks were joined into
+   * writes of up to 4 MiB, and the page cache then takes folios as large as the write, which
+   * on a microVM that gives free memory back to its host fault at the host on every 4 KiB
+   * (local-dir.ts WRITE_CHUNK_BYTES: 6 s of system time per GiB against 0.4). With joined
+   * writes, a new host's mount while hydration filled the cache took 0.07-0.10 s; with one
+   * block each 0.05-0.06 (bench/hydrate.ts on radosgw; 0.03 without hydration).
    */
   write(slot: number, data: Buffer): Promise<void> {
     return new Promise<void>((resolve, reject) => {
@@ -113,15 +115,10 @@ export class FileSlab implements Slab {
       while (this.#queue.length > 0) {
         await this.writes.acquire();
         // Only this loop takes from the queue: it is not empty here.
-        const batch = [this.#queue.shift()!];
-        for (let last = batch[0]!; batch.length < SLAB_WRITE_BATCH && last.data.length === CACHE_BLOCK && this.#queue[0]?.slot === last.slot + 1; last = batch[batch.length - 1]!) {
-          batch.push(this.#queue.shift()!);
-        }
+        const w = this.#queue.shift()!;
+        assert(w.data.length <= WRITE_CHUNK_BYTES, `a cache write of ${w.data.length} bytes (blocks are ${CACHE_BLOCK})`);
         this.poolWrites++;
-        void this.#writeAt(batch[0]!.slot * CACHE_BLOCK, batch.map((w) => w.data)).then(
-          () => { for (const w of batch) w.resolve(); },
-          (err: unknown) => { for (const w of batch) w.reject(err); },
-        ).finally(() => {
+        void this.#writeAt(w.slot * CACHE_BLOCK, w.data).then(w.resolve, w.reject).finally(() => {
           this.poolWritesSettled++;
           this.writes.release();
         });
@@ -130,18 +127,15 @@ export class FileSlab implements Slab {
       this.#draining = false;
     }
   }
-  /** Every byte of `bufs`, one after another from `position` (a short write goes on from where it stopped). */
-  async #writeAt(position: number, bufs: Buffer[]): Promise<void> {
-    let rest = bufs;
-    let at = position;
-    while (rest.length > 0) {
-      let n = await new Promise<number>((resolve, reject) => {
-        fs.writev(this.fd, rest, at, (err, written) => (err ? reject(err) : resolve(written)));
+  /** Every byte of `data` from `position` (a short write goes on from where it stopped). */
+  async #writeAt(position: number, data: Buffer): Promise<void> {
+    let done = 0;
+    while (done < data.length) {
+      const n = await new Promise<number>((resolve, reject) => {
+        fs.write(this.fd, data, done, data.length - done, position + done, (err, written) => (err ? reject(err) : resolve(written)));
       });
       if (n === 0) throw new Error('the cache file took no byte of a write');
-      at += n;
-      while (rest.length > 0 && n >= rest[0]!.length) { n -= rest[0]!.length; rest = rest.slice(1); }
-      if (n > 0) rest = [rest[0]!.subarray(n), ...rest.slice(1)];
+      done += n;
     }
   }
   async close(): Promise<void> { fs.closeSync(this.fd); }

@@ -48,8 +48,9 @@ export const TURN_BUDGET_BYTES = 1024 * 1024;
 
 /**
  * What bulk work may do in the current turn of a World's event loop, shared by everything
- * that does it in slices: the frames and bodies of every volume's segment uploads (volume.ts)
- * and the body writes of the S3 store's requests. Why shared: each of those already yielded
+ * that does it in slices: the frames and bodies of every volume's segment uploads (volume.ts),
+ * the body writes of the S3 store's requests and the receipt of its GETs' bodies (those
+ * spend() what arrived and pause their socket once the turn's budget is spent). Why shared: each of those already yielded
  * between slices, but sixteen uploads in flight each did their slice in the same turn, so a
  * turn held the loop for 16 slices (10-30 ms), and a guest's 4 KiB read, or a lease renewal,
  * waited behind all of them (bench/volume.ts, the stall probe). Now the slices of one turn
@@ -93,6 +94,19 @@ export class TurnBudget {
       this.#waiters.splice(at, 0, { bytes, priority, go });
       this.#resetSoon();
     });
+  }
+
+  /**
+   * Account `bytes` of work already done in this turn by something that cannot ask first: a
+   * response body's chunks arrive when the socket has them. True while the turn's budget
+   * lasts; false once it is spent (or others wait), and the caller stops its source (pauses
+   * the stream) until take(0, priority) resolves in a later turn.
+   */
+  spend(bytes: number): boolean {
+    this.asked += bytes;
+    this.#spent += bytes;
+    this.#resetSoon();
+    return this.#spent < this.limit && this.#waiters.length === 0;
   }
 
   /** At the next turn: a new budget, granted to the waiters in order while it lasts. */

@@ -145,12 +145,37 @@ async function readFully(fh: FileHandle, buf: Buffer, position: number, what: st
   }
 }
 
-/** Write `bufs` back to back from position 0: one pwritev per try (a segment's pieces are many). */
+/**
+ * The most one write system call of an object's body carries. Why not all 8 MiB of a segment
+ * at once: on Linux 6.x a file's page cache takes folios as large as the write (up to 2 MiB
+ * and more), and where the kernel hands free memory back to a hypervisor (virtio-balloon free
+ * page reporting: the microVMs agents run in, this machine among them) the large free blocks
+ * those come from are the ones given back, so every 4 KiB of them faults at the host when the
+ * copy touches it. Measured here (`dd if=/dev/shm/1g of=new-file`): 0.39 s of system time per
+ * GiB with bs=256K, 2.1 s with 1M, 6.2 s with 8M; a `file:` volume's 1 GiB `nbdcopy --flush`
+ * took 3.9-4.8 s with one pwritev per segment (system time 4.7-6.7 s) and 1.9-2.0 s with
+ * 256 KiB per call (0.8 s). `nbdkit file` gets 256 KiB per write from nbdcopy. Elsewhere a
+ * 256 KiB write costs the same per byte as a larger one (a system call per 256 KiB).
+ */
+export const WRITE_CHUNK_BYTES = 256 * 1024;
+
+/**
+ * Write `bufs` back to back from position 0, WRITE_CHUNK_BYTES per pwritev at most (a
+ * segment's pieces are many: one call gathers several).
+ */
 async function writeFully(fh: FileHandle, bufs: readonly Buffer[]): Promise<void> {
   let position = 0;
   let pending = bufs.filter((b) => b.length > 0);
+  const chunk: Buffer[] = [];
   while (pending.length > 0) {
-    const { bytesWritten } = await fh.writev(pending, position);
+    chunk.length = 0;
+    let room = WRITE_CHUNK_BYTES;
+    for (let i = 0; i < pending.length && room > 0; i++) {
+      const b = pending[i]!;
+      chunk.push(b.length <= room ? b : b.subarray(0, room));
+      room -= Math.min(b.length, room);
+    }
+    const { bytesWritten } = await fh.writev(chunk, position);
     position += bytesWritten;
     // A short write (rare: signals, quotas) continues after the last byte written.
     let skip = bytesWritten;

@@ -574,6 +574,15 @@ export class S3ObjectStore implements ObjectStore {
           chunks.push(c);
         }
         at += c.length;
+        // Received within the process's budget per turn (clock.ts TurnBudget), as bodies are
+        // sent: a socket's readable data is read in one go (up to 32 reads of 64 KiB each), so
+        // eight 2 MiB GETs of hydration filled one turn with 16 MiB of parsing and copying, and
+        // a mount's reads, cache hits, waited 6-27 ms for each turn (bench/README.md, issue 13).
+        // Paused, the response stops reading its socket; the rest waits in the kernel.
+        if (!bodyTurns.spend(c.length)) {
+          res.pause();
+          void bodyTurns.take(0, -1).then(() => res.resume());
+        }
       });
       res.on('end', () => {
         if (whole !== undefined && at !== whole.length) {

@@ -5,6 +5,7 @@
  */
 import test from 'ava';
 import type { IncomingMessage, ServerResponse } from 'node:http';
+import { TURN_BUDGET_BYTES, systemWorld, turnBudget } from '../../src/clock.js';
 import { type BatonError, MisconfiguredError, NotFoundError, StoreUnavailableError } from '../../src/errors.js';
 import { EMPTY_SHA256, encodeKeyPath } from '../../src/store/sigv4.js';
 import { CREDENTIALS, fakeS3, fakeS3Store as store } from '../helpers/fake-s3.js';
@@ -23,6 +24,38 @@ function serveData(req: IncomingMessage, res: ServerResponse): void {
   res.writeHead(206, { 'content-length': String(b - a + 1), 'content-range': `bytes ${a}-${b}/${DATA.length}` });
   res.end(DATA.subarray(a, b + 1));
 }
+
+test.serial('GET bodies are received within the process\'s turn budget: four 4 MiB GETs at once read about 1 MiB per turn of the event loop, not all their sockets hold', async (t) => {
+  const MiB = 1024 * 1024;
+  const big = Buffer.alloc(4 * MiB, 7);
+  for (let i = 0; i < big.length; i += 4096) big.writeUInt32LE(i, i);
+  const { endpoint } = await fakeS3(t, (_req, res) => {
+    res.writeHead(200, { 'content-length': String(big.length) });
+    res.end(big);
+  });
+  const s = store(t, endpoint);
+  const budget = turnBudget(systemWorld);
+  // One sample per turn of the event loop: setImmediate runs once per turn, after its poll phase.
+  const perTurn: number[] = [];
+  let last = budget.asked;
+  let ticking = true;
+  const tick = (): void => {
+    perTurn.push(budget.asked - last);
+    last = budget.asked;
+    if (ticking) setImmediate(tick);
+  };
+  setImmediate(tick);
+  const askedBefore = budget.asked;
+  const bodies = await Promise.all(Array.from({ length: 4 }, (_, i) => s.get(`k${i}`)));
+  ticking = false;
+  for (const b of bodies) t.true(b.equals(big));
+  t.true(budget.asked - askedBefore >= 4 * big.length, 'every body byte went through the budget');
+  // A response paused once the turn's budget is spent still delivers the chunk it was reading
+  // (one socket read, at most 64 KiB); four of them at most.
+  const most = Math.max(...perTurn);
+  t.true(most <= TURN_BUDGET_BYTES + 4 * 64 * 1024, `at most ${most} bytes in one turn`);
+  t.true(perTurn.filter((n) => n > 0).length >= 16, 'spread over turns');
+});
 
 test('a GET is signed by baton, not the SDK, to the path the SDK\'s endpoint rules give, and the store\'s check of the signature passes', async (t) => {
   const { endpoint, seen } = await fakeS3(t, serveData);
