@@ -504,6 +504,30 @@ export function makeRandomFile(size: number, prefix = 'baton-bench-'): { path: s
   return { path: file, onTmpfs, seconds: Number(process.hrtime.bigint() - t0) / 1e9 };
 }
 
+/**
+ * Leave `bytes` of memory freed just now, so that the step after this finds the same memory
+ * whichever server runs it: a file of that size written in 256 KiB writes, then deleted.
+ * Why: on a microVM that gives free memory back to its host (virtio-balloon free page
+ * reporting, this machine), the first touch of a page given back faults at the host, and a
+ * page freed seconds ago is not given back yet. Without this, a 1 GiB write into a server's
+ * page cache cost 0.5 s of system time or 4.7 s (the same `nbdkit file`, one after the other)
+ * depending on what the steps before it had freed; the ratios measured the order of the
+ * passes. Returns the seconds it took (a few when the memory was given back, under one else).
+ */
+export function freeMemoryBefore(dir: string, bytes: number): number {
+  const t0 = process.hrtime.bigint();
+  const file = path.join(dir, `warm-${process.pid}.bin`);
+  const fd = fs.openSync(file, 'w');
+  try {
+    const chunk = Buffer.alloc(256 * 1024);
+    for (let done = 0; done < bytes; done += chunk.length) fs.writeSync(fd, chunk, 0, chunk.length, done);
+  } finally {
+    fs.closeSync(fd);
+    fs.rmSync(file, { force: true });
+  }
+  return Number(process.hrtime.bigint() - t0) / 1e9;
+}
+
 // ------------------------------------------------------------------ machine
 
 export interface MachineInfo {

@@ -24,7 +24,9 @@
  * `node --cpu-prof` and lists the hottest functions; the numbers of such a run are not
  * comparable), METRICS (0: 1 also measures every baton store with `serve --metrics`, scraped
  * once a second as Prometheus would, next to the same store without, in the same run: issue
- * 14's overhead bound), PEERS (1: 0 leaves the nbdkit peers out), TLS (0: 1 also measures
+ * 14's overhead bound), WARM (1: before each server's sequential write and random write, 1.5x
+ * and 1x SIZE of memory is freed just before, so every server starts the step with the same
+ * memory; lib.ts freeMemoryBefore), PEERS (1: 0 leaves the nbdkit peers out), TLS (0: 1 also measures
  * every server over TLS, next to itself in plaintext: `baton serve --tls require
  * --tls-certificates DIR` against `nbdkit --tls=require --tls-certificates=DIR`, the same
  * certificates made for the run, the same clients).
@@ -47,7 +49,7 @@ import * as path from 'node:path';
 import { formatSize } from '../src/size.js';
 import { makeCa, makeClientDir, makeServerDir } from '../test/helpers/tls-pki.js';
 import {
-  RESULTS_DIR, envFlag, envNumber, envSize, fmt, fmtRatio, has, machineInfo, makeRandomFile, makeTempDir,
+  RESULTS_DIR, envFlag, envNumber, envSize, fmt, fmtRatio, freeMemoryBefore, has, machineInfo, makeRandomFile, makeTempDir,
   goalsTable, markdownTable, median, ratio, ratioGoal, runFio, runNbdcopy, shellQuote, startBaton, startNbdkit, summarizeCpuProfile,
   writeResults, freeTcpPort, startMetricsScraper, type FioJob, type GoalRow, type ProfileEntry, type ScrapeRecord, type Scraper, type Server,
 } from './lib.js';
@@ -57,6 +59,7 @@ const RUNTIME = envNumber('RUNTIME', 10);
 const REPEAT = Math.max(1, Math.floor(envNumber('REPEAT', 1)));
 const LOCAL = envFlag('LOCAL', true);
 const PROFILE = envFlag('PROFILE', false);
+const WARM = envFlag('WARM', true);
 const WITH_METRICS = envFlag('METRICS', false);
 const PEERS = envFlag('PEERS', true);
 /** How often the bench scrapes /metrics of a `+metrics` target (Prometheus's default is 15 s: this is 15 times as often). */
@@ -167,6 +170,8 @@ function steps(src: string, target: { uri: string; fioUri?: string } | { file: s
     {
       step: 'seq_write',
       run: async () => {
+        // The same memory for every server's write (lib.ts freeMemoryBefore says why).
+        if (WARM) freeMemoryBefore(workDir, SIZE + SIZE / 2);
         const r = await runNbdcopy(src, dst, SIZE, { flush: true });
         return { argv: r.argv, values: { seq_write: r.mibPerSec } };
       },
@@ -188,6 +193,7 @@ function steps(src: string, target: { uri: string; fioUri?: string } | { file: s
     {
       step: 'randwrite',
       run: async () => {
+        if (WARM) freeMemoryBefore(workDir, SIZE);
         const r = await runFio(fioJob({ name: 'randwrite', rw: 'randwrite', bs: '4k', iodepth: 32, ...io(32) }), workDir);
         return { argv: r.argv, fio: r.raw, values: { randwrite_iops: r.iops, randwrite_p50: r.latUs.p50, randwrite_p99: r.latUs.p99 } };
       },
@@ -274,7 +280,7 @@ async function main(): Promise<void> {
 
   const machine = machineInfo();
   const started = Date.now();
-  log(`nbd-throughput: SIZE=${formatSize(SIZE)} RUNTIME=${RUNTIME}s REPEAT=${REPEAT} BATON_STORES=${BATON_STORES.join(',')} LOCAL=${LOCAL ? 1 : 0} PROFILE=${PROFILE ? 1 : 0} METRICS=${WITH_METRICS ? 1 : 0} PEERS=${PEERS ? 1 : 0} TLS=${TLS ? 1 : 0}; ${machine.nproc} cores, node ${machine.node}, load ${machine.loadavgAtStart.join(' ')}`);
+  log(`nbd-throughput: SIZE=${formatSize(SIZE)} RUNTIME=${RUNTIME}s REPEAT=${REPEAT} BATON_STORES=${BATON_STORES.join(',')} LOCAL=${LOCAL ? 1 : 0} PROFILE=${PROFILE ? 1 : 0} METRICS=${WITH_METRICS ? 1 : 0} PEERS=${PEERS ? 1 : 0} TLS=${TLS ? 1 : 0} WARM=${WARM ? 1 : 0}; ${machine.nproc} cores, node ${machine.node}, load ${machine.loadavgAtStart.join(' ')}`);
 
   const work = makeTempDir('baton-bench-');
   // TLS=1: one CA, the server's directory in nbdkit's layout (both servers read it) and the
@@ -349,7 +355,7 @@ async function main(): Promise<void> {
   const report = render(machine, targets, runs, rnd, work, localFile, (finished - started) / 1000);
   const json = {
     benchmark: 'nbd-throughput',
-    knobs: { SIZE, RUNTIME, REPEAT, BATON_STORES, LOCAL, PROFILE, METRICS: WITH_METRICS, PEERS, SCRAPE_EVERY_MS, TLS },
+    knobs: { SIZE, RUNTIME, REPEAT, BATON_STORES, LOCAL, PROFILE, METRICS: WITH_METRICS, PEERS, SCRAPE_EVERY_MS, TLS, WARM },
     machine,
     loadavgAtEnd: os.loadavg(),
     durationS: (finished - started) / 1000,
@@ -411,7 +417,7 @@ function render(m: ReturnType<typeof machineInfo>, targets: Target[], runs: RunR
   L.push('# NBD throughput: each baton store against its nbdkit peer\n');
   L.push(`${m.date.slice(0, 16).replace('T', ' ')} UTC on \`${m.hostname}\`: ${m.nproc} cores (${m.cpuModel}), ${m.memTotalGiB} GiB RAM, ${m.kernel}, load average at start ${m.loadavgAtStart.join(' ')}.`);
   L.push(`node ${m.node}; ${m.nbdkit ?? 'nbdkit missing'}; ${m.nbdcopy ?? 'nbdcopy missing'}; ${m.fio ?? 'fio missing'}; baton ${m.batonCommit ?? '?'} (working tree as built).`);
-  L.push(`SIZE=${formatSize(SIZE)}, RUNTIME=${RUNTIME} s, REPEAT=${REPEAT}${REPEAT > 1 ? ' (medians; server order alternates)' : ''}, BATON_STORES=${BATON_STORES.join(',')}${TLS ? ', TLS=1' : ''}${PROFILE ? ', **PROFILE=1: baton ran under --cpu-prof, its numbers are not comparable**' : ''}; whole run ${durationS.toFixed(0)} s.`);
+  L.push(`SIZE=${formatSize(SIZE)}, RUNTIME=${RUNTIME} s, REPEAT=${REPEAT}${REPEAT > 1 ? ' (medians; server order alternates)' : ''}, BATON_STORES=${BATON_STORES.join(',')}${TLS ? ', TLS=1' : ''}${WARM ? ', WARM=1 (memory freed just before each sequential and random write: lib.ts freeMemoryBefore)' : ', WARM=0'}${PROFILE ? ', **PROFILE=1: baton ran under --cpu-prof, its numbers are not comparable**' : ''}; whole run ${durationS.toFixed(0)} s.`);
   L.push(`Random source file on ${rnd.onTmpfs ? 'tmpfs (/dev/shm)' : 'the temp dir'}; baton's \`file:\` store, nbdkit file's image and the local reference file on ${m.tmpdir} (${m.tmpdirFs ?? '?'}).\n`);
 
   L.push(`## Goals (issue 11${WITH_METRICS ? '; issue 14: metrics on vs off' : ''}${TLS ? '; issue 14 over TLS' : ''}), this run\n`);
