@@ -31,8 +31,9 @@
  *   `baton-put-id`, and a 412 after more than one attempt is resolved by reading the id back
  *   (SlateDB verify_put_succeeded). RetryingObjectStore does the same for its own retries.
  * - A ranged get returns exactly the bytes asked for or throws: a short body is never success.
- * - GETs and PUTs go around the SDK's middleware (`#attempts`, `#exchange`): signed by
- *   `SigV4Signer` and sent with node's http on the same agents, to the URL the SDK's own
+ * - GETs and PUTs go around the SDK's middleware (`#attempts`, `#getOnce`, `#exchange`): signed
+ *   by `SigV4Signer` and sent (PUTs with node's http on the same agents, GETs with
+ *   http-get.ts, below) to the URL the SDK's own
  *   endpoint rules give for the bucket, with the SDK's credentials and clock offset, the same
  *   limits and attempts, `Expect: 100-continue` for bodies of 2 MiB and more as the SDK sends
  *   it, and errors shaped like the SDK's so `mapError` is still the one place they are mapped.
@@ -42,6 +43,13 @@
  *   DELETE (rare, never on a guest's path) stay with the SDK.
  * - A direct request that settled no longer reads its body (#exchange): a failure destroyed
  *   it, a success waited for the body to be handed to the kernel.
+ * - GETs go over http-get.ts's own keep-alive connections (plain TCP or TLS), which read a
+ *   body straight into the buffer get() returns: with node's http, a fresh 64 KiB Buffer per
+ *   socket read, its parser and streams per chunk and our copy of each chunk cost about twice
+ *   the CPU per GiB (radosgw, 8 MiB ranged GETs 16 at a time: 2.3 vs 1.0-1.1 CPU-s per GiB).
+ *   A connection is pooled again only after a complete, well-framed answer, and every failure
+ *   destroys it, so a body buffer is never written after its get settled. Same limits, same
+ *   error shapes (s3ErrorFromResponse, TimeoutError, node's error codes), same retries.
  */
 import { Agent as HttpAgent, request as httpRequest, type ClientRequest, type IncomingMessage } from 'node:http';
 import { Agent as HttpsAgent, request as httpsRequest } from 'node:https';
@@ -70,6 +78,7 @@ import {
   errorMessage,
 } from '../errors.js';
 import { PUT_ID_META, newPutId } from './decorators.js';
+import { HttpGetClient, MAX_ERROR_BODY } from './http-get.js';
 import { systemWorld, turnBudget } from '../clock.js';
 import { compareKeys, rangeError, validateKey, validateMetadata, validateRange } from './memory.js';
 import { EMPTY_SHA256, SigV4Signer, UNSIGNED_PAYLOAD, amzDate, encodeKeyPath, type SigV4Credentials } from './sigv4.js';
@@ -220,8 +229,6 @@ const BODY_SLICE = 1024 * 1024;
 const bodyTurns = turnBudget(systemWorld);
 /** How long a body waits for 100 Continue before it goes anyway (the SDK waits 1 s too). */
 const CONTINUE_WAIT_MS = 1000;
-/** An error answer's body is read up to this much (S3's XML errors are a few hundred bytes). */
-const MAX_ERROR_BODY = 64 * 1024;
 
 function xmlText(s: string): string {
   return s.replace(/&(lt|gt|quot|apos|amp);/g, (_m, e: string) => ({ lt: '<', gt: '>', quot: '"', apos: "'", amp: '&' })[e]!);
@@ -279,6 +286,8 @@ export class S3ObjectStore implements ObjectStore {
   readonly #maxAttempts: number;
   readonly #connectMs: number;
   readonly #socketMs: number;
+  /** The direct GETs' connections (http-get.ts): bodies read in place. */
+  readonly #gets: HttpGetClient;
   /** Where and how a GET is sent without the SDK; null: through the SDK (see #directTarget). */
   #direct: Promise<DirectTarget | null> | undefined;
 
@@ -296,6 +305,7 @@ export class S3ObjectStore implements ObjectStore {
     const maxSockets = opts.maxSockets ?? 128;
     this.#httpAgent = new HttpAgent({ keepAlive: true, maxSockets });
     this.#httpsAgent = new HttpsAgent({ keepAlive: true, maxSockets });
+    this.#gets = new HttpGetClient({ maxSockets });
     this.#maxAttempts = Math.max(1, opts.maxAttempts ?? 3);
     this.#connectMs = opts.connectionTimeoutMs ?? d.connectionTimeoutMs;
     this.#socketMs = opts.socketTimeoutMs ?? d.socketTimeoutMs;
@@ -543,7 +553,7 @@ export class S3ObjectStore implements ObjectStore {
   }
 
   /** One attempt of a ranged or whole GET: [body, Content-Range], or an error shaped as the SDK's. */
-  #getOnce(
+  async #getOnce(
     target: DirectTarget,
     fullKey: string,
     range: ByteRange | undefined,
@@ -555,44 +565,27 @@ export class S3ObjectStore implements ObjectStore {
     const headers = this.#baseHeaders(target, EMPTY_SHA256, creds);
     if (range !== undefined) headers.range = `bytes=${range.offset}-${range.offset + range.length - 1}`;
     headers.authorization = target.signer.authorization({ method: 'GET', path, headers, payloadHash: EMPTY_SHA256 }, creds);
-    return this.#exchange<readonly [Buffer, string | undefined]>(target, { method: 'GET', path, headers }, options, (res, done, fail) => {
-      const lengthHeader = res.headers['content-length'];
-      const length = lengthHeader !== undefined && /^\d+$/.test(lengthHeader) ? Number(lengthHeader) : undefined;
-      onBody(res, length);
-      // Into one buffer of the announced size: no list of chunks to concatenate.
-      const whole = length !== undefined ? Buffer.allocUnsafe(length) : undefined;
-      const chunks: Buffer[] = [];
-      let at = 0;
-      res.on('data', (c: Buffer) => {
-        if (whole !== undefined) {
-          if (at + c.length > whole.length) {
-            fail(new StoreUnavailableError(`${this.#where('get', fullKey)}: body longer than its Content-Length ${length}`));
-            return;
-          }
-          c.copy(whole, at);
-        } else {
-          chunks.push(c);
-        }
-        at += c.length;
-        // Received within the process's budget per turn (clock.ts TurnBudget), as bodies are
-        // sent: a socket's readable data is read in one go (up to 32 reads of 64 KiB each), so
-        // eight 2 MiB GETs of hydration filled one turn with 16 MiB of parsing and copying, and
-        // a mount's reads, cache hits, waited 6-27 ms for each turn (bench/README.md, issue 13).
-        // Paused, the response stops reading its socket; the rest waits in the kernel.
-        if (!bodyTurns.spend(c.length)) {
-          res.pause();
-          void bodyTurns.take(0, -1).then(() => res.resume());
-        }
-      });
-      res.on('end', () => {
-        if (whole !== undefined && at !== whole.length) {
-          fail(new StoreUnavailableError(`${this.#where('get', fullKey)}: body was ${at} bytes, Content-Length said ${length}`));
-          return;
-        }
-        const cr = res.headers['content-range'];
-        done([whole ?? Buffer.concat(chunks, at), typeof cr === 'string' ? cr : undefined]);
-      });
+    // http-get.ts reads a 2xx body with a Content-Length in place, into one buffer of that
+    // size, within the process's budget per turn (clock.ts TurnBudget): a socket's readable data
+    // was read in one go before (node's http: up to 32 reads of 64 KiB each), so eight 2 MiB
+    // GETs of hydration filled one turn with 16 MiB of parsing and copying, and a mount's reads,
+    // cache hits, waited 6-27 ms for each turn (bench/README.md, issue 13). Paused, the socket
+    // stops reading; the rest waits in the kernel.
+    const res = await this.#gets.get(target, path, headers, {
+      signal: options.abortSignal,
+      connectMs: this.#connectMs,
+      firstByteMs: options.requestTimeout,
+      socketMs: this.#socketMs,
+      budget: bodyTurns,
+      onBody: (length, body) => onBody(body, length),
     });
+    if (res.status < 200 || res.status > 299) throw s3ErrorFromResponse(res.status, res.headers, res.body.toString('utf8', 0, MAX_ERROR_BODY));
+    const lengthHeader = res.headers['content-length'];
+    const length = res.headers['transfer-encoding'] === undefined && lengthHeader !== undefined && /^\d+$/.test(lengthHeader) ? Number(lengthHeader) : undefined;
+    if (length !== undefined && res.body.length !== length) {
+      throw new StoreUnavailableError(`${this.#where('get', fullKey)}: body was ${res.body.length} bytes, Content-Length said ${length}`);
+    }
+    return [res.body, res.headers['content-range']];
   }
 
   /**
@@ -913,6 +906,7 @@ export class S3ObjectStore implements ObjectStore {
   }
 
   async close(): Promise<void> {
+    this.#gets.close();
     this.client.destroy();
   }
 }

@@ -208,3 +208,47 @@ test('an error answer read to its end leaves the connection for the next request
   t.is(fake.seen.length, 5);
   t.is(fake.connections(), 1, 'one keep-alive connection for five 404s in turn');
 });
+
+test('a kept-alive connection the store closes as the next GET arrives: that GET is tried again on a new connection and succeeds', async (t) => {
+  const served = new WeakSet<object>();
+  const fake = await fakeS3(t, (req, res) => {
+    if (served.has(req.socket)) { req.socket.destroy(); return; } // one answer per connection, then hang up on the next request
+    served.add(req.socket);
+    serveData(req, res);
+  });
+  const s = store(t, fake.endpoint, { maxAttempts: 2 });
+  t.deepEqual(await s.get('k', { offset: 0, length: 10 }), DATA.subarray(0, 10));
+  t.deepEqual(await s.get('k', { offset: 10, length: 10 }), DATA.subarray(10, 20));
+  t.is(fake.seen.length, 3, 'the second GET went twice: on the kept-alive connection, then on a new one');
+  t.is(fake.connections(), 2);
+});
+
+test('an error answer with a chunked XML body is the S3 error it says, and its connection is kept', async (t) => {
+  const fake = await fakeS3(t, (_req, res) => {
+    res.writeHead(403, { 'content-type': 'application/xml' }); // no Content-Length: node's server sends it chunked
+    res.write('<Error><Code>AccessDenied</Code>');
+    setTimeout(() => res.end('<Message>Denied by policy &lt;p1&gt;</Message></Error>'), 10);
+  });
+  const s = store(t, fake.endpoint);
+  for (let i = 0; i < 2; i++) {
+    const err = await t.throwsAsync<BatonError>(s.get('k'));
+    t.is(err!.code, 'BATON_ERR_INVALID_ARGUMENT');
+    t.regex(err!.message, /access denied to bucket bucket/);
+    t.regex(err!.message, /Denied by policy <p1>/);
+  }
+  t.is(fake.connections(), 1);
+});
+
+test('the whole-call limit ends a body that trickles (never silent) and closes its connection', async (t) => {
+  let closed = 0;
+  const fake = await fakeS3(t, (_req, res) => {
+    res.writeHead(200, { 'content-length': '100000' });
+    const timer = setInterval(() => res.write('x'), 20);
+    res.on('close', () => { clearInterval(timer); closed++; });
+  });
+  const s = store(t, fake.endpoint, { maxAttempts: 1, requestTimeoutMs: 300, minBytesPerSecond: 1e9, socketTimeoutMs: 5_000 });
+  const err = await t.throwsAsync(s.get('k'), { instanceOf: StoreUnavailableError });
+  t.regex(err!.message, /whole-request limit/);
+  await new Promise((r) => setTimeout(r, 50));
+  t.is(closed, 1);
+});
