@@ -15,7 +15,13 @@ const SERVER_SIGNER = new SigV4Signer('us-east-1', 's3');
 
 export interface Seen { method: string; url: string; headers: IncomingMessage['headers']; signatureOk: boolean; body: Buffer }
 
-export interface FakeS3 { endpoint: string; seen: Seen[]; connections: () => number }
+export interface FakeS3 {
+  endpoint: string;
+  seen: Seen[];
+  /** Connections accepted so far; connections still open. */
+  connections: () => number;
+  open: () => number;
+}
 
 export interface FakeS3Options {
   /**
@@ -59,7 +65,7 @@ export async function fakeS3(t: ExecutionContext, handler: (req: IncomingMessage
   server.on('connection', (s) => { connections++; sockets.add(s); s.on('close', () => sockets.delete(s)); });
   await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
   t.teardown(() => { for (const s of sockets) s.destroy(); server.close(); });
-  return { endpoint: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, seen, connections: () => connections };
+  return { endpoint: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, seen, connections: () => connections, open: () => sockets.size };
 }
 
 export function fakeS3Store(t: ExecutionContext, endpoint: string, extra: Partial<S3StoreOptions> = {}): S3ObjectStore {

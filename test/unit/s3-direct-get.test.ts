@@ -252,3 +252,13 @@ test('the whole-call limit ends a body that trickles (never silent) and closes i
   await new Promise((r) => setTimeout(r, 50));
   t.is(closed, 1);
 });
+
+test('close() closes the idle connections of the store\'s GETs', async (t) => {
+  const fake = await fakeS3(t, serveData);
+  const s = store(t, fake.endpoint);
+  t.deepEqual(await s.get('k', { offset: 0, length: 3 }), DATA.subarray(0, 3));
+  t.is(fake.open(), 1, 'kept alive after the GET');
+  await s.close();
+  await new Promise((r) => setTimeout(r, 50));
+  t.is(fake.open(), 0);
+});
