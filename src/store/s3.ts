@@ -46,7 +46,8 @@
  * - GETs go over http-get.ts's own keep-alive connections (plain TCP or TLS), which read a
  *   body straight into the buffer get() returns: with node's http, a fresh 64 KiB Buffer per
  *   socket read, its parser and streams per chunk and our copy of each chunk cost about twice
- *   the CPU per GiB (radosgw, 8 MiB ranged GETs 16 at a time: 2.3 vs 1.0-1.1 CPU-s per GiB).
+ *   the CPU per GiB (get() from a local radosgw, 8 MiB ranged GETs 16 at a time: 2.0-2.6 CPU-s
+ *   per GiB at 223-479 MiB/s before, 1.1-1.3 at 391-697 MiB/s with http-get.ts).
  *   A connection is pooled again only after a complete, well-framed answer, and every failure
  *   destroys it, so a body buffer is never written after its get settled. Same limits, same
  *   error shapes (s3ErrorFromResponse, TimeoutError, node's error codes), same retries.
