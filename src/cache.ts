@@ -99,9 +99,9 @@ export class FileSlab implements Slab {
    * into the pool (20-100 µs of the event loop's own time): adjacent blocks were joined into
    * writes of up to 4 MiB, and the page cache then takes folios as large as the write, which
    * on a microVM that gives free memory back to its host fault at the host on every 4 KiB
-   * (local-dir.ts WRITE_CHUNK_BYTES: 6 s of system time per GiB against 0.4). With joined
-   * writes, a new host's mount while hydration filled the cache took 0.07-0.10 s; with one
-   * block each 0.05-0.06 (bench/hydrate.ts on radosgw; 0.03 without hydration).
+   * (local-dir.ts WRITE_CHUNK_BYTES). 167 MiB of blocks written into a new FileSlab (what
+   * hydrating the hydrate bench's workspace writes): 371-706 ms joined, 48-51 ms one block
+   * per write (bench/README.md, session 17).
    */
   write(slot: number, data: Buffer): Promise<void> {
     return new Promise<void>((resolve, reject) => {

@@ -151,8 +151,9 @@ async function readFully(fh: FileHandle, buf: Buffer, position: number, what: st
  * and more), and where the kernel hands free memory back to a hypervisor (virtio-balloon free
  * page reporting: the microVMs agents run in, this machine among them) the large free blocks
  * those come from are the ones given back, so every 4 KiB of them faults at the host when the
- * copy touches it. Measured here (`dd if=/dev/shm/1g of=new-file`): 0.39 s of system time per
- * GiB with bs=256K, 2.1 s with 1M, 6.2 s with 8M; a `file:` volume's 1 GiB `nbdcopy --flush`
+ * copy touches it. Measured here (`dd if=/dev/shm/1g of=new-file`, right after 1.5 GiB was
+ * freed): 0.37-0.45 s of system time per GiB with bs=256K, 1.2-1.5 s with 512K, 1.7-3.3 s
+ * with 8M (bench/README.md, session 17); a `file:` volume's 1 GiB `nbdcopy --flush`
  * took 3.9-4.8 s with one pwritev per segment (system time 4.7-6.7 s) and 1.9-2.0 s with
  * 256 KiB per call (0.8 s). `nbdkit file` gets 256 KiB per write from nbdcopy. Elsewhere a
  * 256 KiB write costs the same per byte as a larger one (a system call per 256 KiB).
