@@ -51,9 +51,9 @@ export const TURN_BUDGET_BYTES = 1024 * 1024;
  * that does it in slices: the frames and bodies of every volume's segment uploads (volume.ts),
  * the body writes of the S3 store's requests and the receipt of its GETs' bodies (those
  * spend() what arrived and pause their socket once the turn's budget is spent). Why shared:
- * each of those already yielded between slices, but sixteen uploads in flight each did their slice in the same turn, so a
- * turn held the loop for 16 slices (10-30 ms), and a guest's 4 KiB read, or a lease renewal,
- * waited behind all of them (bench/volume.ts, the stall probe). Now the slices of one turn
+ * each of those already yielded between slices, but sixteen uploads in flight each did their
+ * slice in the same turn, so a turn held the loop for 16 slices (10-30 ms), and a guest's
+ * 4 KiB read, or a lease renewal, waited behind all of them (bench/volume.ts, the stall probe). Now the slices of one turn
  * add up to about TURN_BUDGET_BYTES; the rest wait for the next turns, by priority (the
  * callers': request bodies first, then the oldest upload's slices; served round-robin instead,
  * every upload finished late and writes were ~9 % slower). The total work is the same; only

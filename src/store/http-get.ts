@@ -109,7 +109,8 @@ function codedError(code: string, message: string): Error & { code: string } {
   return Object.assign(new Error(message), { code });
 }
 
-function timeoutError(message: string): Error {
+/** A limit's error, named as the SDK names its own (s3.ts's requests use it too). */
+export function timeoutError(message: string): Error {
   return Object.assign(new Error(message), { name: 'TimeoutError' });
 }
 

@@ -165,25 +165,29 @@ export const WRITE_CHUNK_BYTES = 256 * 1024;
  * segment's pieces are many: one call gathers several).
  */
 async function writeFully(fh: FileHandle, bufs: readonly Buffer[]): Promise<void> {
+  // Where the next write starts: bufs[i] at offset `off` (the file at `position`). A position,
+  // not a shrinking copy of the list: a random writer's segment has thousands of pieces.
   let position = 0;
-  let pending = bufs.filter((b) => b.length > 0);
+  let i = 0;
+  let off = 0;
   const chunk: Buffer[] = [];
-  while (pending.length > 0) {
+  for (;;) {
+    while (i < bufs.length && off === bufs[i]!.length) { i++; off = 0; }
+    if (i === bufs.length) return;
     chunk.length = 0;
     let room = WRITE_CHUNK_BYTES;
-    for (let i = 0; i < pending.length && room > 0; i++) {
-      const b = pending[i]!;
-      chunk.push(b.length <= room ? b : b.subarray(0, room));
-      room -= Math.min(b.length, room);
+    for (let k = i, o = off; k < bufs.length && room > 0; k++, o = 0) {
+      const b = bufs[k]!;
+      const n = Math.min(b.length - o, room);
+      if (n > 0) chunk.push(n === b.length ? b : b.subarray(o, o + n));
+      room -= n;
     }
     const { bytesWritten } = await fh.writev(chunk, position);
     position += bytesWritten;
     // A short write (rare: signals, quotas) continues after the last byte written.
     let skip = bytesWritten;
-    let i = 0;
-    while (i < pending.length && skip >= pending[i]!.length) skip -= pending[i++]!.length;
-    pending = pending.slice(i);
-    if (pending.length > 0 && skip > 0) pending[0] = pending[0]!.subarray(skip);
+    while (i < bufs.length && skip >= bufs[i]!.length - off) { skip -= bufs[i]!.length - off; i++; off = 0; }
+    off += skip;
   }
 }
 

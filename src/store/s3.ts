@@ -79,7 +79,7 @@ import {
   errorMessage,
 } from '../errors.js';
 import { PUT_ID_META, newPutId } from './decorators.js';
-import { HttpGetClient, MAX_ERROR_BODY } from './http-get.js';
+import { HttpGetClient, MAX_ERROR_BODY, timeoutError } from './http-get.js';
 import { systemWorld, turnBudget } from '../clock.js';
 import { compareKeys, rangeError, validateKey, validateMetadata, validateRange } from './memory.js';
 import { EMPTY_SHA256, SigV4Signer, UNSIGNED_PAYLOAD, amzDate, encodeKeyPath, type SigV4Credentials } from './sigv4.js';
@@ -257,10 +257,6 @@ function s3ErrorFromResponse(status: number, headers: Record<string, string | st
     if (v !== undefined) err[tag] = v;
   }
   return err;
-}
-
-function timeoutError(message: string): Error {
-  return Object.assign(new Error(message), { name: 'TimeoutError' });
 }
 
 export function normalizePrefix(prefix: string | undefined): string {
@@ -566,12 +562,7 @@ export class S3ObjectStore implements ObjectStore {
     const headers = this.#baseHeaders(target, EMPTY_SHA256, creds);
     if (range !== undefined) headers.range = `bytes=${range.offset}-${range.offset + range.length - 1}`;
     headers.authorization = target.signer.authorization({ method: 'GET', path, headers, payloadHash: EMPTY_SHA256 }, creds);
-    // http-get.ts reads a 2xx body with a Content-Length in place, into one buffer of that
-    // size, within the process's budget per turn (clock.ts TurnBudget): a socket's readable data
-    // was read in one go before (node's http: up to 32 reads of 64 KiB each), so eight 2 MiB
-    // GETs of hydration filled one turn with 16 MiB of parsing and copying, and a mount's reads,
-    // cache hits, waited 6-27 ms for each turn (bench/README.md, issue 13). Paused, the socket
-    // stops reading; the rest waits in the kernel.
+    // The body is read in place, within the process's budget per turn (http-get.ts says why).
     const res = await this.#gets.get(target, path, headers, {
       signal: options.abortSignal,
       connectMs: this.#connectMs,
