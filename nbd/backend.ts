@@ -53,6 +53,14 @@ export interface BlockBackend {
    */
   readLent?(offset: number, length: number): Promise<Lent>;
   /**
+   * Optional form of read for what needs no wait: fill all of `into` (exactly `length` bytes)
+   * before returning and return true, or return false having changed nothing but `into`'s
+   * contents (the session then calls read()). Throws what read() would reject with. The
+   * session tries it first for every READ (not with readLent): a read answered on the spot
+   * costs no promise and no turn of the event loop.
+   */
+  readNow?(offset: number, length: number, into: Buffer): boolean;
+  /**
    * For a backend whose reads are CPU work on this thread (local memory or disk, nothing to
    * wait for): how many READs a connection executes at once (the rest wait their turn in
    * arrival order). Each one executing holds its reply buffer; more of them only hold more

@@ -210,10 +210,15 @@ export function decodeRequest(b: Buffer): Request {
 /** Simple reply (16 bytes): u32 magic, u32 error, cookie. READ data (error 0 only) follows separately. */
 export function encodeSimpleReply(error: number, cookie: Buffer): Buffer {
   const b = Buffer.allocUnsafe(C.SIMPLE_REPLY_SIZE);
+  writeSimpleReply(b, error, cookie);
+  return b;
+}
+
+/** The simple reply's SIMPLE_REPLY_SIZE bytes into b[0..]: for a READ reply whose data follows in the same buffer. */
+export function writeSimpleReply(b: Buffer, error: number, cookie: Buffer): void {
   b.writeUInt32BE(C.NBD_SIMPLE_REPLY_MAGIC, 0);
   b.writeUInt32BE(error, 4);
   cookie.copy(b, 8, 0, 8);
-  return b;
 }
 
 function structuredHeader(b: Buffer, flags: number, type: number, cookie: Buffer, payloadLength: number): void {
@@ -236,10 +241,18 @@ export function encodeNoneChunk(cookie: Buffer): Buffer {
  * itself is written after it without copying it into this buffer.
  */
 export function encodeOffsetDataHeader(cookie: Buffer, offset: bigint, dataLength: number, done: boolean): Buffer {
-  const b = Buffer.allocUnsafe(C.STRUCTURED_REPLY_HEADER_SIZE + 8);
+  const b = Buffer.allocUnsafe(OFFSET_DATA_HEADER_SIZE);
+  writeOffsetDataHeader(b, cookie, offset, dataLength, done);
+  return b;
+}
+
+/** The chunk header and offset of an OFFSET_DATA chunk before its data. */
+export const OFFSET_DATA_HEADER_SIZE = C.STRUCTURED_REPLY_HEADER_SIZE + 8;
+
+/** encodeOffsetDataHeader's OFFSET_DATA_HEADER_SIZE bytes into b[0..]: for a chunk whose data follows in the same buffer. */
+export function writeOffsetDataHeader(b: Buffer, cookie: Buffer, offset: bigint, dataLength: number, done: boolean): void {
   structuredHeader(b, done ? C.NBD_REPLY_FLAG_DONE : 0, C.NBD_REPLY_TYPE_OFFSET_DATA, cookie, 8 + dataLength);
   b.writeBigUInt64BE(offset, 20);
-  return b;
 }
 
 /** OFFSET_HOLE chunk: u64 offset, u32 size (non-zero). */

@@ -34,7 +34,7 @@ import * as codec from './codec.js';
 import * as C from './constants.js';
 import { toNbdErrno, toOptionError } from './errno.js';
 import { ConnectionClosedError, FrameReader } from './reader.js';
-import { acquireBuffer, releaseBuffer } from './buffer-pool.js';
+import { CARVE_MAX, acquireBuffer, carveBuffer, releaseBuffer } from './buffer-pool.js';
 import type { RequestStats } from './stats.js';
 import { COMMAND_NAMES, alignExtents, transmissionFlags, validateRequest, type ValidationContext } from './validate.js';
 import { ANONYMOUS, type ClientIdentity, type NbdTls } from './tls.js';
@@ -612,26 +612,49 @@ export class NbdSession {
     // Only a FLUSH is timed (RequestStats.done): one clock read, none for other commands.
     const startedAt = stats !== undefined && req.type === C.NBD_CMD_FLUSH ? performance.now() : -1;
     const fua = (req.flags & C.NBD_CMD_FLAG_FUA) !== 0;
+    const succeeded = (r: Reply | null): void => {
+      stats?.done(req.type, 0, v.length, startedAt);
+      if (!r) this.reply([this.okReply(req)], done);
+      else if (r.release) { const release = r.release; this.reply(r.frames, () => { release(); done(); }); }
+      else this.reply(r.frames, done);
+    };
+    const failed = (err: unknown): void => {
+      const errno = toNbdErrno(err);
+      stats?.done(req.type, errno, 0, startedAt);
+      this.opts.log.warn({ cmd: COMMAND_NAMES[req.type], offset: v.offset, length: v.length, errno, err: errorMessage(err) }, 'request failed');
+      this.replyError(req, errno, errorMessage(err), done);
+    };
+    // A READ the backend can answer on the spot (BlockBackend.readNow) is answered here, in
+    // this turn, without a promise; else (and for every other command) through execute. A
+    // small one is read into a buffer that also holds its reply header: one socket write.
+    if (req.type === C.NBD_CMD_READ && v.length > 0 && backend.readNow && !backend.readLent) {
+      const head = this.structured ? codec.OFFSET_DATA_HEADER_SIZE : C.SIMPLE_REPLY_SIZE;
+      const whole = head + v.length <= CARVE_MAX ? carveBuffer(head + v.length) : null;
+      const buf = whole ? whole.subarray(head) : acquireBuffer(v.length);
+      let filled: boolean;
+      try {
+        filled = backend.readNow(v.offset, v.length, buf);
+      } catch (err) {
+        if (!whole) releaseBuffer(buf);
+        failed(err);
+        return;
+      }
+      if (filled && whole) {
+        if (this.structured) codec.writeOffsetDataHeader(whole, req.cookie, req.offset, v.length, true);
+        else codec.writeSimpleReply(whole, 0, req.cookie);
+        succeeded({ frames: [whole] });
+        return;
+      }
+      if (filled) { succeeded({ frames: this.readReply(req, [buf], v.length), release: () => releaseBuffer(buf) }); return; }
+      if (!whole) releaseBuffer(buf);
+    }
     let p: Promise<Reply | null>;
     try {
       p = this.execute(backend, req, v.offset, v.length, fua, payload, chunks);
     } catch (err) {
       p = Promise.reject(err);
     }
-    p.then(
-      (r) => {
-        stats?.done(req.type, 0, v.length, startedAt);
-        if (!r) this.reply([this.okReply(req)], done);
-        else if (r.release) { const release = r.release; this.reply(r.frames, () => { release(); done(); }); }
-        else this.reply(r.frames, done);
-      },
-      (err: unknown) => {
-        const errno = toNbdErrno(err);
-        stats?.done(req.type, errno, 0, startedAt);
-        this.opts.log.warn({ cmd: COMMAND_NAMES[req.type], offset: v.offset, length: v.length, errno, err: errorMessage(err) }, 'request failed');
-        this.replyError(req, errno, errorMessage(err), done);
-      },
-    );
+    p.then(succeeded, failed);
   }
 
   /** Resolves to the reply frames, or null for a plain success reply. */

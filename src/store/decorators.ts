@@ -562,6 +562,7 @@ export class InstrumentedObjectStore implements ObjectStore {
     if (inner) {
       this.local = {
         read: (key, offset, length, out, outOff) => inner.read(key, offset, length, out, outOff),
+        ...(inner.readNow ? { readNow: (key: string, offset: number, length: number, out: Buffer, outOff: number) => inner.readNow!(key, offset, length, out, outOff) } : {}),
         view: (key, offset, length, use) => inner.view(key, offset, length, use),
         readv: (key, offset, parts) => inner.readv(key, offset, parts),
         putParts: (key, parts, options) => this.#count('put', () => inner.putParts(key, parts, options), () => parts.reduce((n, p) => n + p.length, 0)),

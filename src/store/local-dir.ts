@@ -37,7 +37,7 @@
  * - delete removes emptied directories; a put racing with that rmdir sees ENOENT and retries.
  */
 import { randomBytes } from 'node:crypto';
-import { close as fsClose, constants as fsc, fstat as fsFstat, open as fsOpen, read as fsRead, readFileSync, readvSync, stat as fsStat, type Dirent, type Stats } from 'node:fs';
+import { close as fsClose, constants as fsc, fstat as fsFstat, open as fsOpen, read as fsRead, readFileSync, readSync, readvSync, stat as fsStat, type Dirent, type Stats } from 'node:fs';
 import { link, mkdir, open, readdir, rename, rmdir, stat, unlink, type FileHandle } from 'node:fs/promises';
 import { dirname, join, resolve } from 'node:path';
 import {
@@ -236,7 +236,23 @@ function preadvFully(fd: number, key: string, parts: readonly Buffer[], position
   }
 }
 
-interface OpenFile { fh: Promise<{ fh: FileHandle; size: number }>; readers: number; lastUsed: number; forgotten: boolean }
+/** Read `length` bytes at `position` into out[outOff..] (a short read goes on where it stopped), or CorruptError at the file's end. */
+function preadFully(fd: number, key: string, out: Buffer, outOff: number, length: number, position: number): void {
+  let done = 0;
+  while (done < length) {
+    const n = readSync(fd, out, outOff + done, length - done, position + done);
+    if (n === 0) throw new CorruptError(`get ${key}: file ended early (wanted ${length - done} more bytes at ${position + done - LOCAL_HEADER_SIZE})`);
+    done += n;
+  }
+}
+
+interface OpenedFile { fh: FileHandle; size: number }
+
+/**
+ * `opened`: what `fh` resolved to, once it has (LocalObjects.readNow reads only such files).
+ * `used`: read since #sweep last looked at it (its second chance: see #sweep).
+ */
+interface OpenFile { fh: Promise<OpenedFile>; opened: OpenedFile | null; readers: number; lastUsed: number; used: boolean; forgotten: boolean }
 
 async function fsyncDir(path: string): Promise<void> {
   const fh = await open(path, fsc.O_RDONLY | fsc.O_DIRECTORY);
@@ -253,13 +269,14 @@ export class LocalDirObjectStore implements ObjectStore {
   /** Directories whose entry in their parent this process has fsync'ed (or found and fsync'ed). */
   readonly #durableDirs = new Set<string>();
   readonly #tmpDir: string;
-  readonly #open = new Map<string, OpenFile>(); // insertion order = least recently used first
+  readonly #open = new Map<string, OpenFile>(); // insertion order, with second chances = roughly least recently used first (#sweep)
   #sweepTimer: ReturnType<typeof setTimeout> | null = null;
   readonly #reads: LocalReadCounts = { ok: 0, notFound: 0, error: 0, bytes: 0 };
   /** The buffer every view reads into (#view). */
   #viewScratch = Buffer.alloc(0);
   readonly local: LocalObjects = {
     read: (key, offset, length, out, outOff) => this.#readInPlace(key, offset, length, out, outOff),
+    readNow: (key, offset, length, out, outOff) => this.#readNow(key, offset, length, out, outOff),
     view: (key, offset, length, use) => this.#view(key, offset, length, use),
     readv: (key, offset, parts) => {
       let length = 0;
@@ -495,42 +512,74 @@ export class LocalDirObjectStore implements ObjectStore {
     let f = this.#open.get(key);
     const opening = !f;
     if (f) {
-      this.#open.delete(key); this.#open.set(key, f); // most recently used
+      f.used = true;
     } else {
       const { file } = this.#paths(key);
-      f = { fh: this.#openForRead(key, file), readers: 0, lastUsed: 0, forgotten: false };
-      this.#open.set(key, f);
+      const entry: OpenFile = { fh: this.#openForRead(key, file), opened: null, readers: 0, lastUsed: 0, used: false, forgotten: false };
+      entry.fh.then((o) => { entry.opened = o; }, () => {});
+      this.#open.set(key, (f = entry));
     }
     f.readers++;
     f.lastUsed = Date.now();
     if (opening) this.#sweep(false);
     try {
-      let opened: { fh: FileHandle; size: number };
+      let opened: OpenedFile;
       try {
         opened = await f.fh;
       } catch (err) {
         if (this.#open.get(key) === f) this.#open.delete(key); // not kept: the next read tries again
-        throw err;
+        throw this.#readFailed(key, err);
       }
+      return this.#readOpened(key, opened, offset, length, readFn);
+    } finally {
+      f.readers--;
+      if (f.forgotten && f.readers === 0) void this.#closeFile(f);
+    }
+  }
+
+  /**
+   * LocalObjects.readNow: #readInPlace without a wait, for an object whose file is open
+   * already (a random reader's objects, read moments ago, mostly are): no promise, no trip
+   * through the event loop. False, with nothing read or counted, when it is not open.
+   * Synchronous from the lookup to the read, so nothing can close the file in between
+   * (#forgetFile and #sweep run on other turns, and a forgotten file is not in #open).
+   */
+  #readNow(key: string, offset: number, length: number, out: Buffer, outOff: number): boolean {
+    const f = this.#open.get(key);
+    const opened = f?.opened;
+    if (!f || !opened) return false;
+    validateRange({ offset, length });
+    f.used = true;
+    f.lastUsed = Date.now();
+    this.#readOpened(key, opened, offset, length, (fd) => preadFully(fd, key, out, outOff, length, LOCAL_HEADER_SIZE + offset));
+    return true;
+  }
+
+  /**
+   * The read of an open file, counted. Synchronous, as the block cache's reads of its own
+   * file were before a local store bypassed it: what a volume reads it mostly wrote moments
+   * ago or reads again, so it is in the page cache, where a pread costs microseconds and a
+   * trip through libuv's thread pool (4 threads) costs tens: at 32 reads in flight the pool
+   * was a quarter of the speed. A read of cold data blocks the event loop for one disk read.
+   */
+  #readOpened<T>(key: string, opened: OpenedFile, offset: number, length: number, readFn: (fd: number) => T): T {
+    try {
       if (offset + length > opened.size) throw rangeError(key, { offset, length }, opened.size);
-      // Synchronous, as the block cache's reads of its own file were before a local store
-      // bypassed it: what a volume reads it mostly wrote moments ago or reads again, so it is
-      // in the page cache, where a pread costs microseconds and a trip through libuv's
-      // thread pool (4 threads) costs tens: at 32 reads in flight the pool was a quarter of
-      // the speed. A read of cold data blocks the event loop for one disk read.
       const result = readFn(opened.fh.fd);
       this.#reads.ok++;
       this.#reads.bytes += length;
       return result;
     } catch (err) {
-      const e = this.#ioError('get', key, err);
-      if (e instanceof NotFoundError) this.#reads.notFound++;
-      else this.#reads.error++;
-      throw e;
-    } finally {
-      f.readers--;
-      if (f.forgotten && f.readers === 0) void this.#closeFile(f);
+      throw this.#readFailed(key, err);
     }
+  }
+
+  /** A failed read as the caller sees it (#ioError), counted. */
+  #readFailed(key: string, err: unknown): Error {
+    const e = this.#ioError('get', key, err);
+    if (e instanceof NotFoundError) this.#reads.notFound++;
+    else this.#reads.error++;
+    return e;
   }
 
   /** Open an object's file and learn its size (NotFoundError if absent; closed again on any failure). */
@@ -566,13 +615,26 @@ export class LocalDirObjectStore implements ObjectStore {
     if (f.readers === 0) void this.#closeFile(f);
   }
 
-  /** Close files idle past IDLE_FD_MS and the least recently used beyond MAX_OPEN_FILES; rearm while any is open. */
+  /**
+   * Close files idle past IDLE_FD_MS and, beyond MAX_OPEN_FILES, the least recently used
+   * roughly: in #open's order, a file read since the last sweep gets a second chance (moved
+   * to the end, its mark cleared) and the first one not read since goes (CLOCK). A read only
+   * sets the mark: keeping exact recency order cost a Map delete and set per read, two for
+   * each 4 KiB random read of a framed volume (its crc entries and its block). Rearms while
+   * any file is open. Which files stay open changes only speed, never what a read returns.
+   */
   #sweep(fromTimer: boolean): void {
     if (fromTimer) this.#sweepTimer = null;
     const now = Date.now();
+    // Bounded: a moved entry is visited again at the end, once, with its mark cleared.
+    let steps = 2 * this.#open.size;
     for (const [key, f] of this.#open) {
+      if (steps-- <= 0) break;
       if (f.readers > 0) continue;
-      if (this.#open.size > this.#maxOpenFiles || now - f.lastUsed >= IDLE_FD_MS) this.#forgetFile(key);
+      if (now - f.lastUsed >= IDLE_FD_MS) { this.#forgetFile(key); continue; }
+      if (this.#open.size <= this.#maxOpenFiles) continue;
+      if (f.used) { f.used = false; this.#open.delete(key); this.#open.set(key, f); continue; }
+      this.#forgetFile(key);
     }
     if (this.#open.size > 0 && !this.#sweepTimer) {
       this.#sweepTimer = setTimeout(() => this.#sweep(true), IDLE_FD_MS);

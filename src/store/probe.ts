@@ -275,6 +275,8 @@ export class SettingsCheckedObjectStore implements ObjectStore {
         read: (key, offset, length, out, outOff) => (this.#state === 'ok'
           ? inner.read(key, offset, length, out, outOff)
           : this.#ready(false).then(() => inner.read(key, offset, length, out, outOff))),
+        // Only once the check passed: before, every read waits for it (read()).
+        ...(inner.readNow ? { readNow: (key: string, offset: number, length: number, out: Buffer, outOff: number) => this.#state === 'ok' && inner.readNow!(key, offset, length, out, outOff) } : {}),
         view: (key, offset, length, use) => (this.#state === 'ok'
           ? inner.view(key, offset, length, use)
           : this.#ready(false).then(() => inner.view(key, offset, length, use))),

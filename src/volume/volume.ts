@@ -898,8 +898,9 @@ export class Volume implements BlockBackend {
     if (this.followsLog) await this.refreshIfStale();
     const out = into ?? Buffer.allocUnsafe(length);
     this.workingSet.touch(offset, length, true);
-    const streak = this.sequentialStreak(offset, length);
-    if (streak >= PREFETCH_STREAK && !this.local) this.prefetchAhead(offset + length);
+    // Streaks feed the block cache's readahead and prefetch; a local store has neither.
+    const streak = this.local ? 0 : this.sequentialStreak(offset, length);
+    if (streak >= PREFETCH_STREAK) this.prefetchAhead(offset + length);
     const fetches: { key: string; size: number; off: number; len: number; outOff: number; fr: FrameIndex | null }[] = [];
     this.resolve(offset, length, (p) => {
       const v = p.value;
@@ -931,6 +932,62 @@ export class Volume implements BlockBackend {
     }
     return out;
   }
+
+  /**
+   * BlockBackend.readNow: read() answered before returning, when no piece of the range needs
+   * a wait: holes, bytes in memory, and on a local store the pieces readObjectNow can read
+   * from files open already (a random reader's 4 KiB, mostly). Same checks, same bytes as
+   * read(); what is not like that (another store, a read-only view that follows a log, whole
+   * frames, an unopened file, a failed check) returns false before the read is recorded (the
+   * working set is touched only on success), and read() does it all again, so every failure
+   * is handled, logged and retried in one place (readChecked).
+   */
+  readNow(offset: number, length: number, into: Buffer): boolean {
+    if (!this.local?.readNow || this.followsLog) return false;
+    this.checkReadable();
+    let done = true;
+    this.resolve(offset, length, (p) => {
+      const v = p.value;
+      const at = p.offset - offset;
+      if (v === undefined || isZero(v)) into.fill(0, at, at + p.length);
+      else if ('buf' in v) v.buf.copy(into, at, 0, p.length);
+      else if (!this.readObjectNow(v.key, v.fr, v.off, p.length, into, at)) return (done = false);
+      return true;
+    });
+    if (!done) return false;
+    this.workingSet.touch(offset, length, true);
+    return true;
+  }
+
+  /**
+   * readObject's local reads that need no wait: a raw object's range, or part of one frame
+   * in blocks (planBlockRead) whose table entries and blocks are read into nowScratch and
+   * checked there (copyFromBlocks) before a byte reaches `out`. False when the file is not
+   * open, the range is whole frames, the volume is encrypted, or a check failed (read() reads
+   * it again and reports it). nowScratch is only ever used within one synchronous run.
+   */
+  private readObjectNow(key: string, fr: FrameIndex | null, off: number, len: number, out: Buffer, outOff: number): boolean {
+    const local = this.local!;
+    if (fr === null) return local.readNow!(key, off, len, out, outOff);
+    if (this.data.encryption) return false;
+    const r = planBlockRead(fr, off, len, false);
+    if (r === null) return false;
+    const need = r.tableLength + r.dataLength;
+    if (this.nowScratch.length < need) this.nowScratch = Buffer.allocUnsafe(Math.max(need, FRAME_BYTES + 1024));
+    const table = this.nowScratch.subarray(0, r.tableLength);
+    const data = this.nowScratch.subarray(r.tableLength, need);
+    if (!local.readNow!(key, r.tableStart, r.tableLength, table, 0)) return false;
+    if (!local.readNow!(key, r.dataStart, r.dataLength, data, 0)) return false;
+    try {
+      copyFromBlocks(key, r, table, data, out, outOff);
+    } catch (err) {
+      if (err instanceof ChecksumError) return false;
+      throw err;
+    }
+    return true;
+  }
+
+  private nowScratch = Buffer.alloc(0);
 
   /**
    * Bytes [off, off+len) of object `key` (`size` stored bytes) into out[outOff..]: in place for

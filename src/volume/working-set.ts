@@ -87,8 +87,7 @@ export class WorkingSet {
       this.boot.push(c);
       this.bootSeen.add(c);
     }
-    if (this.lru.has(c)) this.lru.delete(c);
-    else this.added++;
+    if (!this.lru.delete(c)) this.added++;
     this.lru.set(c, true);
     this.newest = c;
     if (this.lru.size > this.maxChunks) this.lru.delete(this.lru.keys().next().value!);

@@ -122,6 +122,18 @@ test('encodeOffsetDataHeader: header + u64 offset, length counts the data', (t) 
   t.deepEqual(codec.encodeOffsetDataHeader(V.COOKIE, 0x1000n, 512, true), V.CHUNKS.offsetDataHeaderDone);
 });
 
+test('writeSimpleReply / writeOffsetDataHeader: the same bytes at the start of a reply buffer that holds the data after them, which they leave alone', (t) => {
+  const data = Buffer.alloc(512, 0x5a);
+  const simple = Buffer.concat([Buffer.alloc(16, 0xff), data]);
+  codec.writeSimpleReply(simple, 0, V.COOKIE);
+  t.deepEqual(simple.subarray(0, 16), V.SIMPLE_REPLIES.ok);
+  t.deepEqual(simple.subarray(16), data);
+  const chunk = Buffer.concat([Buffer.alloc(codec.OFFSET_DATA_HEADER_SIZE, 0xff), data]);
+  codec.writeOffsetDataHeader(chunk, V.COOKIE, 0x1000n, 512, true);
+  t.deepEqual(chunk.subarray(0, codec.OFFSET_DATA_HEADER_SIZE), V.CHUNKS.offsetDataHeaderDone);
+  t.deepEqual(chunk.subarray(codec.OFFSET_DATA_HEADER_SIZE), data);
+});
+
 test('encodeOffsetHole: u64 offset, u32 size, length 12', (t) => {
   t.deepEqual(codec.encodeOffsetHole(V.COOKIE, 0x2000n, 0x1000, false), V.CHUNKS.offsetHole);
 });

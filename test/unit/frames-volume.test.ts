@@ -275,6 +275,56 @@ for (const kind of ['memory', 'file'] as const) {
   });
 }
 
+test('readNow (a READ answered on the spot) of a file: volume: the same bytes as read(), false where it would wait; a damaged block is never returned (false, then read() fails)', async (t) => {
+  const store = new LocalDirObjectStore(await tempDir(t));
+  const h = host(store, { segmentBytes: 1 * MiB });
+  await h.catalog.create('v', 16 * MiB);
+  const v = await h.open('v');
+  const data = rnd(7, 2 * MiB); // random: every frame in blocks
+  await v.write(0, data, true);
+  const out = Buffer.alloc(64 * KiB);
+  t.false(v.readNow(4096, 4096, out.subarray(0, 4096)), 'the segments\' files are not open yet: it would wait');
+  t.true((await v.read(0, 4096)).equals(data.subarray(0, 4096)));
+  t.true((await v.read(MiB, 4096)).equals(data.subarray(MiB, MiB + 4096)));
+  const r = seededRandom(3);
+  let now = 0;
+  for (let k = 0; k < 400; k++) {
+    const off = Math.floor(r() * (2 * MiB / 512)) * 512;
+    const len = k % 3 === 0 ? 4096 : 512 * (1 + Math.floor(r() * 40));
+    if (off + len > 2 * MiB) continue;
+    const into = out.subarray(0, len).fill(0xee);
+    if (v.readNow(off, len, into)) { now++; t.true(into.equals(data.subarray(off, off + len)), `readNow [${off}, +${len})`); }
+    else t.true((await v.read(off, len)).equals(data.subarray(off, off + len)), `read [${off}, +${len})`);
+  }
+  t.true(now > 200, `most reads within one frame were answered on the spot (${now})`);
+  // Bytes still in memory (written, not flushed) and holes: answered on the spot too.
+  const fresh = rnd(8, 8192);
+  await v.write(5 * MiB, fresh, false);
+  t.true(v.readNow(5 * MiB, 8192, out.subarray(0, 8192)) && out.subarray(0, 8192).equals(fresh), 'buffered bytes');
+  t.true(v.readNow(9 * MiB, 4096, out.subarray(0, 4096).fill(1)) && out.subarray(0, 4096).equals(Buffer.alloc(4096)), 'a hole');
+  // Damage one block of the first segment: the file is put anew, so the next read() opens it.
+  const victim = (await listAll(store, 'vol/')).find((o) => o.key.includes('/seg/'))!.key;
+  const frameLen = 32 + 32 * KiB + 32; // header, crc table, 32 KiB
+  const damagedAt = frameLen + 64 + 2 * 4096 + 10; // in block 2 of the segment's frame 1
+  await damage(store, victim, (b) => { b[damagedAt]! ^= 1; });
+  let bad = -1;
+  for (let off = 0; off < 2 * MiB; off += 4096) {
+    try { await v.read(off, 4096); } catch (err) { t.true(err instanceof ChecksumError, String(err)); bad = off; }
+  }
+  t.true(bad >= 0, 'one block fails read()');
+  for (let off = 0; off < 2 * MiB; off += 4096) {
+    const into = out.subarray(0, 4096).fill(0xee);
+    if (off === bad) {
+      t.false(v.readNow(off, 4096, into), 'the damaged block: not answered on the spot');
+      await t.throwsAsync(v.read(off, 4096), { instanceOf: ChecksumError });
+    } else {
+      t.true(v.readNow(off, 4096, into), `[${off}, +4096) on the spot`);
+      t.true(into.equals(data.subarray(off, off + 4096)), `[${off}, +4096) right bytes`);
+    }
+  }
+  await v.close();
+});
+
 test('a damaged block in the read cache (the store\'s copy is good): the reader gets the right bytes, after one re-fetch and an error log', async (t) => {
   const mem = new MemoryObjectStore();
   const slab = new MemorySlab();

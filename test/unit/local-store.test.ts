@@ -63,6 +63,53 @@ test('local.read reads ranges in place; missing keys and ranges past the end fai
   t.is(out.toString('latin1', 0, 4), 'late');
 });
 
+test('local.readNow reads in place without a wait only from a file open already; else false, with nothing read or counted', async (t) => {
+  const store = await tempStore(t);
+  const body = pattern(2, 100_000);
+  await store.put('vol/a/seg/1', body);
+  const reads = store.local.reads!;
+  const out = Buffer.alloc(1000, 0xee);
+  const before = { ...reads };
+  t.false(store.local.readNow!('vol/a/seg/1', 10, 20, out, 0), 'not open yet (a put forgets its file)');
+  t.false(store.local.readNow!('vol/a/seg/9', 0, 10, out, 0), 'no such object: not open either');
+  t.deepEqual({ ...reads }, before, 'nothing counted');
+  t.is(out[0], 0xee, 'nothing read');
+  await store.local.read('vol/a/seg/1', 0, 1, out, 0); // opens and keeps the file
+  const okBefore = reads.ok;
+  t.true(store.local.readNow!('vol/a/seg/1', 54_321, 600, out, 200));
+  t.true(out.subarray(200, 800).equals(body.subarray(54_321, 54_921)));
+  t.is(out[199], 0xee, 'nothing before outOff');
+  t.is(out[800], 0xee, 'nothing after the range');
+  t.is(reads.ok, okBefore + 1, 'counted as a read');
+  const errBefore = reads.error;
+  t.throws(() => store.local.readNow!('vol/a/seg/1', 99_990, 20, out, 0), { instanceOf: OutOfRangeError });
+  t.is(reads.error, errBefore + 1, 'a failed read is counted');
+  await store.delete('vol/a/seg/1');
+  t.false(store.local.readNow!('vol/a/seg/1', 0, 10, out, 0), 'a deleted object\'s file is forgotten');
+  await t.throwsAsync(store.local.read('vol/a/seg/1', 0, 10, out, 0), { instanceOf: NotFoundError });
+});
+
+test('kept files beyond the budget: the one not read since the last sweep is closed, a file read since gets a second chance', async (t) => {
+  const store = await tempStore(t, { maxOpenFiles: 2 });
+  for (const k of ['a', 'b', 'c']) await store.put(k, Buffer.from(k));
+  const out = Buffer.alloc(1);
+  await store.local.read('a', 0, 1, out, 0);
+  await store.local.read('b', 0, 1, out, 0);
+  t.true(store.local.readNow!('a', 0, 1, out, 0), 'a is read again: marked');
+  await store.local.read('c', 0, 1, out, 0); // the third open sweeps: over the budget of 2
+  t.false(store.local.readNow!('b', 0, 1, out, 0), 'b, opened after a but not read since, was closed');
+  t.true(store.local.readNow!('a', 0, 1, out, 0), 'a, the oldest but read since, stayed open');
+  t.true(store.local.readNow!('c', 0, 1, out, 0));
+  t.is(out.toString('latin1'), 'c');
+  // The decorators the engine sees pass readNow on; the settings check only once it passed.
+  t.true(new InstrumentedObjectStore(store).local!.readNow!('a', 0, 1, out, 0), 'counting passes it on');
+  const checked = new SettingsCheckedObjectStore(store);
+  t.false(checked.local!.readNow!('a', 0, 1, out, 0), 'not before the settings were checked (read() waits for that)');
+  await checked.put('z', Buffer.from('z')); // checks (and records) the settings
+  t.true(checked.local!.readNow!('a', 0, 1, out, 0), 'after');
+  t.is(out.toString('latin1'), 'a');
+});
+
 test('local.view lends the bytes to a synchronous use: many views in flight at once each see their own, though they share one buffer', async (t) => {
   const store = await tempStore(t);
   const bodies = [pattern(11, 2 * MiB), pattern(12, 700_000)];

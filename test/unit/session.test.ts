@@ -59,6 +59,26 @@ class SlowBackend implements BlockBackend {
   cache(): Promise<void> { return Promise.resolve(); }
 }
 
+/**
+ * A backend that answers some READs on the spot (readNow): false for [NOW_WAITS, +64 KiB),
+ * throws for the 4 KiB at NOW_THROWS, fills the rest from the memory disk; counts both paths.
+ */
+const NOW_WAITS = 768 * 1024;
+const NOW_THROWS = 960 * 1024;
+class NowBackend extends SlowBackend {
+  nowCalls = 0;
+  readCalls = 0;
+  constructor(private readonly mem: MemoryBackend) { super(mem, 0); }
+  override read(offset: number, length: number, into?: Buffer): Promise<Buffer> { this.readCalls++; return Promise.resolve(this.mem.readSync(offset, length, into)); }
+  readNow(offset: number, length: number, into: Buffer): boolean {
+    this.nowCalls++;
+    if (offset < NOW_WAITS + 64 * 1024 && offset + length > NOW_WAITS) return false;
+    if (offset < NOW_THROWS + 4096 && offset + length > NOW_THROWS) throw new Error('a failed read');
+    this.mem.readSync(offset, length, into);
+    return true;
+  }
+}
+
 const RO_PATTERN = Buffer.alloc(4096, 0xab);
 
 class TestExports implements ExportProvider {
@@ -67,8 +87,9 @@ class TestExports implements ExportProvider {
   releases = 0;
   readonly disk = new MemoryBackend(SIZE);
   readonly ro = new MemoryBackend(SIZE, true);
-  constructor(opts: { slowWritesMs?: number } = {}) {
-    this.exports.set('disk', { backend: opts.slowWritesMs ? new SlowBackend(this.disk, opts.slowWritesMs) : this.disk, description: 'scratch' });
+  constructor(opts: { slowWritesMs?: number; readNow?: boolean } = {}) {
+    const disk = opts.readNow ? new NowBackend(this.disk) : opts.slowWritesMs ? new SlowBackend(this.disk, opts.slowWritesMs) : this.disk;
+    this.exports.set('disk', { backend: disk, description: 'scratch' });
     this.ro.writeSync(0, RO_PATTERN);
     this.exports.set('ro', { backend: this.ro, description: 'read-only image' });
   }
@@ -779,6 +800,49 @@ test('structured READ: content chunks covering the range, final chunk with DONE,
   t.deepEqual(df.data, data);
   t.true(df.chunks.filter((c) => c.type === CHUNK.OFFSET_DATA || c.type === CHUNK.OFFSET_HOLE).length <= 1);
 });
+
+for (const structured of [false, true]) {
+  test(`READs a backend answers on the spot (readNow): the same replies as through read(), in ${structured ? 'structured' : 'simple'} mode; false falls back to read(), a throw is an error reply`, async (t) => {
+    const provider = new TestExports({ readNow: true });
+    const backend = provider.exports.get('disk')!.backend as NowBackend;
+    const { client } = await start(t, {}, provider);
+    await negotiate(t, client, { structured });
+    const data = pattern(9, SIZE);
+    provider.disk.writeSync(0, data);
+    // Small (header and data in one carved buffer), odd-sized, and large (a pooled buffer) READs.
+    const asks: [number, number][] = [[0, 4096], [12_288, 512], [65_536 + 512, 7_680], [131_072, 65_536], [0, 16_384 - 28], [0, 16_384]];
+    for (const [off, len] of asks) {
+      client.send(rq(CMD.READ, off, len));
+      const r = await client.reply();
+      t.is(r.error, 0);
+      t.is(r.kind, structured ? 'structured' : 'simple');
+      t.deepEqual(r.data, data.subarray(off, off + len), `[${off}, +${len})`);
+    }
+    t.is(backend.readCalls, 0, 'all answered on the spot');
+    // 64 pipelined 4 KiB READs, their replies batched into one turn's writes: each right.
+    const sent = new Map<string, number>();
+    for (let i = 0; i < 64; i++) { const ck = cookie(); sent.set(ck.toString('hex'), i * 4096 + 1024); client.send(rq(CMD.READ, i * 4096 + 1024, 4096, 0, ck)); }
+    for (let i = 0; i < 64; i++) {
+      const r = await client.reply();
+      const off = sent.get(r.cookie)!;
+      t.deepEqual(r.data, data.subarray(off, off + 4096));
+      sent.delete(r.cookie);
+    }
+    t.is(sent.size, 0, 'every cookie answered once');
+    // Where readNow says it would wait, read() answers.
+    client.send(rq(CMD.READ, NOW_WAITS + 4096, 4096));
+    const slow = await client.reply();
+    t.deepEqual(slow.data, data.subarray(NOW_WAITS + 4096, NOW_WAITS + 8192));
+    t.is(backend.readCalls, 1, 'through read()');
+    // A throw is an EIO reply, and the connection carries on.
+    client.send(rq(CMD.READ, NOW_THROWS, 4096));
+    const bad = await client.reply();
+    t.is(bad.error, 5);
+    t.is(bad.data === undefined || bad.data.length === 0, true, 'no data with the error');
+    client.send(rq(CMD.READ, 0, 4096));
+    t.deepEqual((await client.reply()).data, data.subarray(0, 4096));
+  });
+}
 
 test('structured READ out of range: an ERROR chunk (0x8001-style, DONE, EINVAL), not a simple reply', async (t) => {
   const { client } = await start(t);
