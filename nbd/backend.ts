@@ -79,6 +79,13 @@ export interface BlockBackend {
    * buffers it reuses (FrameReader.useSlabs) instead of a fresh one per socket read.
    */
   writeLent?(offset: number, chunks: readonly Buffer[], fua: boolean): Promise<void>;
+  /**
+   * Optional form of writeLent for a write without FUA that needs no wait: done before
+   * returning (true: as if writeLent had resolved), or nothing done at all (false: the session
+   * then calls writeLent). Throws what writeLent would reject with. The pieces are lent as for
+   * writeLent. Never asked for a FUA write (that waits for a flush).
+   */
+  writeNow?(offset: number, chunks: readonly Buffer[]): boolean;
   flush(): Promise<void>;
   trim(offset: number, length: number, fua: boolean): Promise<void>;
   zero(offset: number, length: number, options: ZeroOptions): Promise<void>;

@@ -648,6 +648,17 @@ export class NbdSession {
       if (filled) { succeeded({ frames: this.readReply(req, [buf], v.length), release: () => releaseBuffer(buf) }); return; }
       if (!whole) releaseBuffer(buf);
     }
+    // Likewise a WRITE without FUA the backend can take on the spot (BlockBackend.writeNow).
+    if (req.type === C.NBD_CMD_WRITE && !fua && v.length > 0 && chunks && backend.writeNow) {
+      let taken: boolean;
+      try {
+        taken = backend.writeNow(v.offset, chunks);
+      } catch (err) {
+        failed(err);
+        return;
+      }
+      if (taken) { succeeded(null); return; }
+    }
     let p: Promise<Reply | null>;
     try {
       p = this.execute(backend, req, v.offset, v.length, fua, payload, chunks);

@@ -1368,7 +1368,29 @@ export class Volume implements BlockBackend {
       for (const c of pinned) this.releaseChunk(c);
       throw err;
     }
-    // The write's holds pass to the dirty overlay (one per chunk: a second one is let go).
+    this.absorb(offset, length, pieces, pinned);
+    if (fua) await this.flush();
+  }
+
+  /**
+   * BlockBackend.writeNow: writeLent of a write without FUA, done before returning when
+   * admit() would not wait (no writer waits and buffered data is under the hard limit), so
+   * the write costs no promise; false, having done nothing, when it would (then writeLent
+   * waits its turn). The same copy and the same dirty overlay as writeLent: acknowledged
+   * means buffered, as ever; only a FLUSH (or FUA) makes it durable.
+   */
+  writeNow(offset: number, chunks: readonly Buffer[]): boolean {
+    if (this.writeWaiters.length > 0 || this.heldBytes >= this.hardLimit) return false;
+    this.checkWritable();
+    let length = 0;
+    for (const c of chunks) length += c.length;
+    const { pieces, pinned } = this.copyPieces(chunks, length);
+    this.absorb(offset, length, pieces, pinned);
+    return true;
+  }
+
+  /** A copied write (copyPieces) enters the dirty overlay: its holds pass to it (one per chunk: a second one is let go). */
+  private absorb(offset: number, length: number, pieces: readonly Buffer[], pinned: readonly ArenaChunk[]): void {
     for (const c of pinned) {
       if (this.dirtyChunks.has(c)) this.releaseChunk(c);
       else this.dirtyChunks.add(c);
@@ -1381,7 +1403,6 @@ export class Volume implements BlockBackend {
     this.dirtyBytes += length;
     this.workingSet.touch(offset, length);
     this.afterMutation();
-    if (fua) await this.flush();
   }
 
   /**

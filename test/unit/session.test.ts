@@ -60,8 +60,9 @@ class SlowBackend implements BlockBackend {
 }
 
 /**
- * A backend that answers some READs on the spot (readNow): false for [NOW_WAITS, +64 KiB),
- * throws for the 4 KiB at NOW_THROWS, fills the rest from the memory disk; counts both paths.
+ * A backend that answers some READs and takes some WRITEs on the spot (readNow, writeNow):
+ * false for [NOW_WAITS, +64 KiB), throws for the 4 KiB at NOW_THROWS, else the memory disk's
+ * bytes; counts both paths.
  */
 const NOW_WAITS = 768 * 1024;
 const NOW_THROWS = 960 * 1024;
@@ -70,6 +71,18 @@ class NowBackend extends SlowBackend {
   readCalls = 0;
   constructor(private readonly mem: MemoryBackend) { super(mem, 0); }
   override read(offset: number, length: number, into?: Buffer): Promise<Buffer> { this.readCalls++; return Promise.resolve(this.mem.readSync(offset, length, into)); }
+  lentWrites = 0;
+  nowWrites = 0;
+  async writeLent(offset: number, chunks: readonly Buffer[]): Promise<void> { this.lentWrites++; this.mem.writeSync(offset, Buffer.concat(chunks)); }
+  writeNow(offset: number, chunks: readonly Buffer[]): boolean {
+    this.nowWrites++;
+    let length = 0;
+    for (const c of chunks) length += c.length;
+    if (offset < NOW_WAITS + 64 * 1024 && offset + length > NOW_WAITS) return false;
+    if (offset < NOW_THROWS + 4096 && offset + length > NOW_THROWS) throw new Error('a failed write');
+    this.mem.writeSync(offset, Buffer.concat(chunks));
+    return true;
+  }
   readNow(offset: number, length: number, into: Buffer): boolean {
     this.nowCalls++;
     if (offset < NOW_WAITS + 64 * 1024 && offset + length > NOW_WAITS) return false;
@@ -843,6 +856,31 @@ for (const structured of [false, true]) {
     t.deepEqual((await client.reply()).data, data.subarray(0, 4096));
   });
 }
+
+test('WRITEs without FUA a backend takes on the spot (writeNow); FUA, and a false, go through writeLent; a throw is an error reply', async (t) => {
+  const provider = new TestExports({ readNow: true });
+  const backend = provider.exports.get('disk')!.backend as NowBackend;
+  const { client } = await start(t, {}, provider);
+  await negotiate(t, client);
+  const a = pattern(21, 8192);
+  client.send(rq(CMD.WRITE, 4096, a.length), a);
+  t.is((await client.reply()).error, 0);
+  t.deepEqual([backend.nowWrites, backend.lentWrites], [1, 0], 'on the spot');
+  const b = pattern(22, 4096);
+  client.send(rq(CMD.WRITE, 65_536, b.length, F.FUA), b);
+  t.is((await client.reply()).error, 0);
+  t.deepEqual([backend.nowWrites, backend.lentWrites], [1, 1], 'FUA: writeLent (it waits for a flush)');
+  const c = pattern(23, 4096);
+  client.send(rq(CMD.WRITE, NOW_WAITS + 4096, c.length), c);
+  t.is((await client.reply()).error, 0);
+  t.deepEqual([backend.nowWrites, backend.lentWrites], [2, 2], 'refused on the spot: writeLent');
+  client.send(rq(CMD.WRITE, NOW_THROWS, 4096), pattern(24, 4096));
+  t.is((await client.reply()).error, 5, 'EIO');
+  t.deepEqual(provider.disk.readSync(4096, 8192), a);
+  t.deepEqual(provider.disk.readSync(65_536, 4096), b);
+  t.deepEqual(provider.disk.readSync(NOW_WAITS + 4096, 4096), c);
+  t.deepEqual(provider.disk.readSync(NOW_THROWS, 4096), Buffer.alloc(4096), 'the failed write left nothing');
+});
 
 test('structured READ out of range: an ERROR chunk (0x8001-style, DONE, EINVAL), not a simple reply', async (t) => {
   const { client } = await start(t);

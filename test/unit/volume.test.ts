@@ -5,7 +5,7 @@
  */
 import test, { type ExecutionContext } from 'ava';
 import { BlockCache } from '../../src/cache.js';
-import { FencedError, isBatonError } from '../../src/errors.js';
+import { FencedError, ShutdownError, isBatonError } from '../../src/errors.js';
 import { silentLogger } from '../../src/log.js';
 import { FaultyObjectStore, InstrumentedObjectStore, RetryingObjectStore, seededRandom } from '../../src/store/decorators.js';
 import { MemoryObjectStore } from '../../src/store/memory.js';
@@ -236,6 +236,39 @@ test('memory stays bounded: writes wait for commits instead of growing without l
   await v.flush();
   const v2 = await open();
   same(t, await v2.read(100 * 256 * 1024, 256 * 1024), pattern(100, 256 * 1024));
+});
+
+test('writeNow takes a write on the spot only while admit() would not wait; else false with nothing done, and the write waits its turn in writeLent', async (t) => {
+  const faulty = new FaultyObjectStore(new MemoryObjectStore(), { latencyMs: 20 });
+  const { open } = await setup(faulty, 512 * MiB, { dirtySoftLimit: 1 * MiB, dirtyHardLimit: 2 * MiB, segmentBytes: MiB } /* hard limit: soft + 32 MiB at least */);
+  const v = await open();
+  let taken = 0;
+  let refused = 0;
+  const written = new Map<number, Buffer>();
+  for (let i = 0; i < 80; i++) {
+    const data = pattern(1000 + i, 512 * 1024);
+    const lent = Buffer.from(data); // the session reuses a lent piece as soon as the call returns
+    const held = (): number => { const s = v.stats(); return s.dirtyBytes + s.sealedBytes; };
+    const before = held();
+    if (v.writeNow(i * 512 * 1024, [lent.subarray(0, 1000), lent.subarray(1000)])) {
+      taken++;
+      t.is(held(), before + 512 * 1024, 'buffered on the spot');
+    } else {
+      refused++;
+      t.is(held(), before, 'nothing done');
+      t.true(before >= 33 * MiB, `refused only at the hard limit (${before} bytes held)`);
+      await v.writeLent(i * 512 * 1024, [lent], false);
+    }
+    lent.fill(0); // reused: what the volume holds must be its own copy
+    written.set(i * 512 * 1024, data);
+  }
+  t.true(taken > 0 && refused > 0, `${taken} taken on the spot, ${refused} at the hard limit`);
+  for (const [off, data] of written) same(t, await v.read(off, data.length), data);
+  await v.flush();
+  const v2 = await open();
+  for (const [off, data] of written) same(t, await v2.read(off, data.length), data);
+  await v.close();
+  t.throws(() => v.writeNow(0, [Buffer.alloc(4096)]), { instanceOf: ShutdownError }, 'a closed volume refuses on the spot, as writeLent does');
 });
 
 test('takeover: the new holder\'s record fences the old holder, whatever it still sends', async (t) => {
