@@ -32,6 +32,8 @@ const MAX_FETCH = 8 * 1024 * 1024;
 /** Where cached blocks live: one slot of CACHE_BLOCK bytes per block. */
 export interface Slab {
   read(slot: number, out: Buffer, outOff: number, from: number, length: number): Promise<void>;
+  /** read(), before returning (a slab whose reads need no wait): for BlockCache.readNow. */
+  readSync?(slot: number, out: Buffer, outOff: number, from: number, length: number): void;
   write(slot: number, data: Buffer): Promise<void>;
   close(): Promise<void>;
 }
@@ -39,6 +41,9 @@ export interface Slab {
 export class MemorySlab implements Slab {
   private readonly slots = new Map<number, Buffer>();
   async read(slot: number, out: Buffer, outOff: number, from: number, length: number): Promise<void> {
+    this.readSync(slot, out, outOff, from, length);
+  }
+  readSync(slot: number, out: Buffer, outOff: number, from: number, length: number): void {
     this.slots.get(slot)!.copy(out, outOff, from, from + length);
   }
   async write(slot: number, data: Buffer): Promise<void> { this.slots.set(slot, Buffer.from(data)); }
@@ -82,6 +87,9 @@ export class FileSlab implements Slab {
     return new FileSlab(fd);
   }
   async read(slot: number, out: Buffer, outOff: number, from: number, length: number): Promise<void> {
+    this.readSync(slot, out, outOff, from, length);
+  }
+  readSync(slot: number, out: Buffer, outOff: number, from: number, length: number): void {
     let done = 0;
     while (done < length) {
       const n = fs.readSync(this.fd, out, outOff + done, length - done, slot * CACHE_BLOCK + from + done);
@@ -382,6 +390,43 @@ export class BlockCache {
     } finally {
       for (const e of entries) if (e) this.unpin(e);
     }
+  }
+
+  /**
+   * read(), done before returning when every block of the range is cached and can be read on
+   * the spot (its bytes still in memory, or in a slab that reads synchronously): true once
+   * `out` is filled; false, having changed nothing but `out`'s contents, when a block is
+   * missing, being fetched or written back after a failure, or the slab cannot read it now
+   * (read() then fetches it, or reports the disk). Hits and recency are counted on success
+   * only. Synchronous from lookup to copy, so no block can be evicted or its slot reused in
+   * between (eviction and drops run on other turns).
+   */
+  readNow(key: string, offset: number, length: number, out: Buffer, outOff: number): boolean {
+    const slab = this.slab;
+    if (!slab.readSync) return false;
+    const first = Math.floor(offset / CACHE_BLOCK);
+    const last = Math.floor((offset + length - 1) / CACHE_BLOCK);
+    for (let blk = first; blk <= last; blk++) {
+      const e = this.index.get(BlockCache.id(key, blk));
+      if (e === undefined || e.dropped) return false;
+      const blockStart = blk * CACHE_BLOCK;
+      const from = Math.max(offset, blockStart);
+      const to = Math.min(offset + length, blockStart + CACHE_BLOCK);
+      const dst = outOff + (from - offset);
+      if (e.data) { e.data.copy(out, dst, from - blockStart, to - blockStart); continue; }
+      try {
+        slab.readSync(e.slot, out, dst, from - blockStart, to - from);
+      } catch {
+        return false; // read() reads it again and, if the disk still fails, says so and drops it
+      }
+    }
+    for (let blk = first; blk <= last; blk++) {
+      const id = BlockCache.id(key, blk);
+      const e = this.index.get(id)!;
+      this.index.delete(id); this.index.set(id, e); // touch: most recently used
+    }
+    this.stats.hits += last - first + 1;
+    return true;
   }
 
   /**

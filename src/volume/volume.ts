@@ -935,15 +935,16 @@ export class Volume implements BlockBackend {
 
   /**
    * BlockBackend.readNow: read() answered before returning, when no piece of the range needs
-   * a wait: holes, bytes in memory, and on a local store the pieces readObjectNow can read
-   * from files open already (a random reader's 4 KiB, mostly). Same checks, same bytes as
-   * read(); what is not like that (another store, a read-only view that follows a log, whole
-   * frames, an unopened file, a failed check) returns false before the read is recorded (the
-   * working set is touched only on success), and read() does it all again, so every failure
-   * is handled, logged and retried in one place (readChecked).
+   * a wait: holes, bytes in memory, and stored pieces readStoredNow can read now (a local
+   * store's files open already, or blocks in the read cache). Same checks, same bytes as
+   * read(); what is not like that (a read-only view that follows a log, a running hydration,
+   * an unopened file, a block not cached, a failed check) returns false before the read is
+   * recorded (the working set and the sequential streaks are touched only on success), and
+   * read() does it all again, so every failure is handled, logged and retried in one place
+   * (readChecked). While hydration runs, read() also tells it what the guest wants.
    */
   readNow(offset: number, length: number, into: Buffer): boolean {
-    if (!this.local?.readNow || this.followsLog) return false;
+    if (this.followsLog || (this.local ? !this.local.readNow : this.hydration?.isRunning)) return false;
     this.checkReadable();
     let done = true;
     this.resolve(offset, length, (p) => {
@@ -956,35 +957,52 @@ export class Volume implements BlockBackend {
     });
     if (!done) return false;
     this.workingSet.touch(offset, length, true);
+    // As read(): streaks feed the block cache's prefetch; a local store has none.
+    if (!this.local && this.sequentialStreak(offset, length) >= PREFETCH_STREAK) this.prefetchAhead(offset + length);
     return true;
   }
 
+  /** Stored bytes [off, off+len) of `key` into out[outOff..] now (LocalObjects.readNow or BlockCache.readNow), or false. */
+  private readStoredNow(key: string, off: number, len: number, out: Buffer, outOff: number): boolean {
+    return this.local ? this.local.readNow!(key, off, len, out, outOff) : this.blockCache.readNow(key, off, len, out, outOff);
+  }
+
   /**
-   * readObject's local reads that need no wait: a raw object's range, or part of one frame
-   * in blocks (planBlockRead) whose table entries and blocks are read into nowScratch and
-   * checked there (copyFromBlocks) before a byte reaches `out`. False when the file is not
-   * open, the range is whole frames, the volume is encrypted, or a check failed (read() reads
-   * it again and reports it). nowScratch is only ever used within one synchronous run.
+   * readObject's reads that need no wait (readStoredNow), checked as readObject checks them:
+   * a raw object's range; part of one frame in blocks (planBlockRead), its crc entries and
+   * blocks read into nowScratch and checked there (copyFromBlocks) before a byte reaches
+   * `out`; from the read cache, whole frames too, read into a scratch buffer and decoded
+   * (copyFromFrames). False when it would wait, when whole frames are on a local store (its
+   * in-place reads are read()'s), when the volume is encrypted and its keys are not here, or
+   * when a check failed (read() reads it again and reports it). nowScratch and the scratch
+   * buffer are used only within one synchronous run.
    */
   private readObjectNow(key: string, fr: FrameIndex | null, off: number, len: number, out: Buffer, outOff: number): boolean {
-    const local = this.local!;
-    if (fr === null) return local.readNow!(key, off, len, out, outOff);
-    if (this.data.encryption) return false;
-    const r = planBlockRead(fr, off, len, false);
-    if (r === null) return false;
-    const need = r.tableLength + r.dataLength;
-    if (this.nowScratch.length < need) this.nowScratch = Buffer.allocUnsafe(Math.max(need, FRAME_BYTES + 1024));
-    const table = this.nowScratch.subarray(0, r.tableLength);
-    const data = this.nowScratch.subarray(r.tableLength, need);
-    if (!local.readNow!(key, r.tableStart, r.tableLength, table, 0)) return false;
-    if (!local.readNow!(key, r.dataStart, r.dataLength, data, 0)) return false;
+    if (fr === null) return this.readStoredNow(key, off, len, out, outOff);
+    if (this.data.encryption && !this.frameKeys) return false;
     try {
+      const r = planBlockRead(fr, off, len, this.data.encryption !== undefined);
+      if (r === null) {
+        if (this.local) return false;
+        const sp = fr.span(off, len);
+        const stored = this.takeScratch(sp.end - sp.start);
+        const got = this.readStoredNow(key, sp.start, sp.end - sp.start, stored, 0);
+        if (got) copyFromFrames(key, fr, stored, off, len, out, outOff, this.frameKeys);
+        this.returnScratch(stored);
+        return got;
+      }
+      const need = r.tableLength + r.dataLength;
+      if (this.nowScratch.length < need) this.nowScratch = Buffer.allocUnsafe(Math.max(need, FRAME_BYTES + 1024));
+      const table = this.nowScratch.subarray(0, r.tableLength);
+      const data = this.nowScratch.subarray(r.tableLength, need);
+      if (!this.readStoredNow(key, r.tableStart, r.tableLength, table, 0)) return false;
+      if (!this.readStoredNow(key, r.dataStart, r.dataLength, data, 0)) return false;
       copyFromBlocks(key, r, table, data, out, outOff);
+      return true;
     } catch (err) {
       if (err instanceof ChecksumError) return false;
       throw err;
     }
-    return true;
   }
 
   private nowScratch = Buffer.alloc(0);

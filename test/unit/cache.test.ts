@@ -54,6 +54,35 @@ for (const kind of ['memory', 'file'] as const) {
   });
 }
 
+for (const kind of ['memory', 'file'] as const) {
+  test(`${kind}: readNow answers from cached blocks only, before their write to the slab and after it; false (nothing counted) when any block is missing`, async (t) => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'baton-cache-'));
+    t.teardown(() => fs.rmSync(dir, { recursive: true, force: true }));
+    const store = new InstrumentedObjectStore(new MemoryObjectStore());
+    const obj = bytes(4, 3 * CACHE_BLOCK + 1000);
+    await store.put('o', obj);
+    const cache = await BlockCache.open({ ...(kind === 'file' ? { dir } : {}), capacityBytes: 64 * CACHE_BLOCK });
+    t.teardown(() => cache.close());
+    const out = Buffer.alloc(2 * CACHE_BLOCK);
+    t.false(cache.readNow('o', 100, 5000, out, 0), 'nothing cached');
+    t.is(cache.stats.hits, 0);
+    await cache.read(store, 'o', obj.length, 0, 10, out, 0); // caches block 0 (its slab write may still be running)
+    t.true(cache.readNow('o', 100, 5000, out, 7), 'block 0, whether its bytes are still in memory or already in the slab');
+    t.true(out.subarray(7, 5007).equals(obj.subarray(100, 5100)));
+    t.false(cache.readNow('o', CACHE_BLOCK - 10, 20, out, 0), 'spans block 1, not cached');
+    await cache.drain();
+    const hits = cache.stats.hits;
+    t.true(cache.readNow('o', 200, 4096, out, 0), 'from the slab');
+    t.true(out.subarray(0, 4096).equals(obj.subarray(200, 4296)));
+    t.is(cache.stats.hits, hits + 1);
+    await cache.read(store, 'o', obj.length, CACHE_BLOCK, 3 * CACHE_BLOCK + 1000 - CACHE_BLOCK, Buffer.alloc(2 * CACHE_BLOCK + 1000), 0);
+    const tail = obj.length - (CACHE_BLOCK - 10);
+    const all = Buffer.alloc(tail);
+    t.true(cache.readNow('o', CACHE_BLOCK - 10, tail, all, 0), 'across blocks, to the object\'s end');
+    t.true(all.equals(obj.subarray(CACHE_BLOCK - 10)));
+  });
+}
+
 test('readahead extends a sequential miss, never past the object end', async (t) => {
   const store = new InstrumentedObjectStore(new MemoryObjectStore());
   const obj = bytes(3, 2 * 1024 * 1024 + 5);

@@ -352,6 +352,52 @@ test('a damaged block in the read cache (the store\'s copy is good): the reader 
   t.false(cap.lines.some((l) => l.msg.startsWith('stored data failed its check again')), 'the re-fetch was good');
 });
 
+for (const encrypted of [false, true]) {
+  test(`readNow from the read cache (a remote store's volume${encrypted ? ', encrypted' : ''}): the same bytes as read() once the blocks are cached, false before; a rotted cached block is never returned (false, then read() fetches it again)`, async (t) => {
+    const mem = new MemoryObjectStore();
+    const slab = new MemorySlab();
+    const cache = await BlockCache.open({ capacityBytes: 64 * MiB, slab });
+    const master = masterKey(Buffer.alloc(32, 7));
+    const catalog = (store: ObjectStore, log: Logger, c: BlockCache): StoreCatalog =>
+      new StoreCatalog({ store, log, cache: async () => c, volume: { segmentBytes: 256 * KiB }, ...(encrypted ? { masterKey: () => master } : {}) });
+    const first = catalog(mem, silentLogger(), await BlockCache.open({ capacityBytes: 64 * MiB }));
+    await first.create('v', 16 * MiB, encrypted ? { encrypt: true } : {});
+    const v = (await first.open('v', { readOnly: false })).volume!;
+    const data = mixed(4, 2 * MiB); // text frames (lz4) and random ones (in blocks)
+    await v.write(0, data, true);
+    await v.close();
+    const counting = new CountingStore(mem);
+    const cap = capturing();
+    const w = (await catalog(counting, cap.log, cache).open('v', { readOnly: false })).volume!;
+    const out = Buffer.alloc(600 * KiB);
+    t.false(w.readNow(4096, 4096, out.subarray(0, 4096)), 'nothing cached yet: it would fetch');
+    t.true((await w.read(0, 2 * MiB)).equals(data), 'the first read fills the cache');
+    await cache.drain();
+    const gets = (): number => [...counting.gets.values()].reduce((x, y) => x + y, 0);
+    const getsBefore = gets();
+    const r = seededRandom(encrypted ? 13 : 12);
+    let now = 0;
+    for (let k = 0; k < 300; k++) {
+      const len = k % 4 === 0 ? 4096 : k % 4 === 1 ? 1 + Math.floor(r() * 9000) : 1 + Math.floor(r() * 500 * KiB);
+      const off = Math.floor(r() * (2 * MiB - len));
+      const into = out.subarray(0, len).fill(0xee);
+      if (w.readNow(off, len, into)) { now++; t.true(into.equals(data.subarray(off, off + len)), `readNow [${off}, +${len})`); }
+      else t.fail(`[${off}, +${len}) is cached but was not answered on the spot`);
+    }
+    t.is(now, 300);
+    t.is(gets(), getsBefore, 'no request to the store');
+    // Rot every cached block: readNow never returns the rotted bytes; read() fetches them again.
+    for (const b of (slab as unknown as { slots: Map<number, Buffer> }).slots.values()) b[1000]! ^= 1;
+    for (let off = 0; off < 2 * MiB; off += 64 * KiB) {
+      const into = out.subarray(0, 8192).fill(0xee);
+      if (w.readNow(off + 900, 8192, into)) t.true(into.equals(data.subarray(off + 900, off + 900 + 8192)), `readNow [${off + 900}, +8192) after the rot`);
+      t.true((await w.read(off + 900, 8192)).equals(data.subarray(off + 900, off + 900 + 8192)), `read [${off + 900}, +8192) after the rot`);
+    }
+    t.true(gets() > getsBefore, 'the rotted blocks were fetched again');
+    await w.close();
+  });
+}
+
 for (const kind of ['mixed', 'random'] as const) {
   // random: every frame raw, so whole-frame reads go straight into the caller's buffer (planDirectRead).
   test(`file: store: a flipped bit in a segment file is EIO, never the bytes; the rest reads (${kind} data)`, async (t) => {
