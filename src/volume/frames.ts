@@ -207,16 +207,43 @@ export interface FrameKeys {
   metaKey(objectKey: string): Buffer | null;
 }
 
-/** crc32 seed of an object key: every frame's checks start from it and the frame's index. */
+/**
+ * crc32 seed of an object key: every frame's checks start from it and the frame's index.
+ * Remembered for the keys seen last (a random reader checks a block of one of a few hundred
+ * objects per READ, and the seed cost an allocation and a call into zlib each time); the
+ * memo is cleared whole when it fills, so it stays bounded and never holds a wrong seed.
+ */
 export function keySeed(objectKey: string): number {
-  return crc32(Buffer.from(objectKey, 'utf8'));
+  let seed = keySeeds.get(objectKey);
+  if (seed === undefined) {
+    seed = crc32(Buffer.from(objectKey, 'utf8'));
+    if (keySeeds.size >= KEY_SEEDS_KEPT) keySeeds.clear();
+    keySeeds.set(objectKey, seed);
+  }
+  return seed;
 }
+const keySeeds = new Map<string, number>();
+const KEY_SEEDS_KEPT = 4096;
 
-function frameSeed(seed: number, index: number): number {
-  const b = Buffer.allocUnsafe(4);
-  b.writeUInt32LE(index >>> 0, 0);
-  return crc32(b, seed);
+/** zlib's crc32 of the frame's index as 4 bytes LE, from `seed`: table-driven here, no Buffer and no call into zlib (frames.test.ts holds it to zlib's). */
+export function frameSeed(seed: number, index: number): number {
+  let c = ~seed;
+  let x = index >>> 0;
+  for (let i = 0; i < 4; i++) {
+    c = CRC_TABLE[(c ^ x) & 0xff]! ^ (c >>> 8);
+    x >>>= 8;
+  }
+  return ~c >>> 0;
 }
+const CRC_TABLE = (() => {
+  const t = new Int32Array(256);
+  for (let n = 0; n < 256; n++) {
+    let c = n;
+    for (let k = 0; k < 8; k++) c = c & 1 ? 0xedb88320 ^ (c >>> 1) : c >>> 1;
+    t[n] = c;
+  }
+  return t;
+})();
 
 function aad(objectKey: string, index: number, header: Buffer): Buffer {
   const k = Buffer.from(objectKey, 'utf8');

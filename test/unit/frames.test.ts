@@ -13,7 +13,7 @@ import {
   checkCheckpoint, decodeCheckpoint, decodeLogHeader, encodeCheckpoint, encodeLogRecord, framedSegmentRef, inlineFrames, segmentFrames, type LogHeader,
 } from '../../src/volume/format.js';
 import {
-  BLOCK_BYTES, CODEC_BLOCKS, CODEC_LZ4, CODEC_RAW, FRAME_BYTES, copyFromBlocks, planBlockRead, type DirectRead, FRAME_HEADER, FrameIndex, compressionAvailable, copyFromFrames, decodeFrame, decodeLz4Block, encodeFrame, encodeObject, encodeObjectSync, keySeed, crc32, nativeCrcAvailable, planDirectRead, finishDirectRead,
+  BLOCK_BYTES, CODEC_BLOCKS, CODEC_LZ4, CODEC_RAW, FRAME_BYTES, copyFromBlocks, planBlockRead, type DirectRead, FRAME_HEADER, FrameIndex, compressionAvailable, copyFromFrames, decodeFrame, decodeLz4Block, encodeFrame, encodeObject, encodeObjectSync, keySeed, frameSeed, crc32, nativeCrcAvailable, planDirectRead, finishDirectRead,
   lengthsFromString, lengthsToString, looksRandom, scanFrames, type EncodeOptions, type FrameKeys,
 } from '../../src/volume/frames.js';
 
@@ -243,6 +243,19 @@ test('the frame checksum is zlib\'s crc32, whichever implementation computes it 
   const a = data.subarray(0, 5000);
   const b = data.subarray(5000, 40_000);
   t.is(crc32(b, crc32(a, 99)), zlibCrc32(data.subarray(0, 40_000), 99));
+  // A frame's seed (its index as 4 bytes LE, from the key's seed) is computed in JS: the same numbers as zlib.
+  for (let k = 0; k < 2000; k++) {
+    const seed = k === 0 ? 0 : Math.floor(r() * 2 ** 32);
+    const index = k < 10 ? [0, 1, 255, 256, 65_535, 65_536, 2 ** 24, 2 ** 31, 2 ** 32 - 1, 12345][k]! : Math.floor(r() * 2 ** 32);
+    const le = Buffer.alloc(4);
+    le.writeUInt32LE(index, 0);
+    t.is(frameSeed(seed, index), zlibCrc32(le, seed), `index ${index}, seed ${seed}`);
+  }
+  // The key seeds are remembered: the same number from the memo as computed afresh, also past the memo's bound.
+  for (let k = 0; k < 5000; k++) {
+    const key = `vol/v/seg/${k % 4500}`;
+    t.is(keySeed(key), zlibCrc32(Buffer.from(key, 'utf8')));
+  }
 });
 
 test('direct reads: only whole frames stored raw or in blocks are planned straight into the buffer; filled and finished, they are the logical bytes, and a damaged one is a ChecksumError', (t) => {
