@@ -563,6 +563,7 @@ export class InstrumentedObjectStore implements ObjectStore {
       this.local = {
         read: (key, offset, length, out, outOff) => inner.read(key, offset, length, out, outOff),
         ...(inner.readNow ? { readNow: (key: string, offset: number, length: number, out: Buffer, outOff: number) => inner.readNow!(key, offset, length, out, outOff) } : {}),
+        ...(inner.readvNow ? { readvNow: (key: string, offset: number, parts: readonly Buffer[]) => inner.readvNow!(key, offset, parts) } : {}),
         view: (key, offset, length, use) => inner.view(key, offset, length, use),
         readv: (key, offset, parts) => inner.readv(key, offset, parts),
         putParts: (key, parts, options) => this.#count('put', () => inner.putParts(key, parts, options), () => parts.reduce((n, p) => n + p.length, 0)),

@@ -276,7 +276,12 @@ export class LocalDirObjectStore implements ObjectStore {
   #viewScratch = Buffer.alloc(0);
   readonly local: LocalObjects = {
     read: (key, offset, length, out, outOff) => this.#readInPlace(key, offset, length, out, outOff),
-    readNow: (key, offset, length, out, outOff) => this.#readNow(key, offset, length, out, outOff),
+    readNow: (key, offset, length, out, outOff) => this.#readNow(key, offset, length, (fd) => preadFully(fd, key, out, outOff, length, LOCAL_HEADER_SIZE + offset)),
+    readvNow: (key, offset, parts) => {
+      let length = 0;
+      for (const p of parts) length += p.length;
+      return this.#readNow(key, offset, length, (fd) => preadvFully(fd, key, parts, LOCAL_HEADER_SIZE + offset));
+    },
     view: (key, offset, length, use) => this.#view(key, offset, length, use),
     readv: (key, offset, parts) => {
       let length = 0;
@@ -544,14 +549,14 @@ export class LocalDirObjectStore implements ObjectStore {
    * Synchronous from the lookup to the read, so nothing can close the file in between
    * (#forgetFile and #sweep run on other turns, and a forgotten file is not in #open).
    */
-  #readNow(key: string, offset: number, length: number, out: Buffer, outOff: number): boolean {
+  #readNow(key: string, offset: number, length: number, readFn: (fd: number) => void): boolean {
     const f = this.#open.get(key);
     const opened = f?.opened;
     if (!f || !opened) return false;
     validateRange({ offset, length });
     f.used = true;
     f.lastUsed = Date.now();
-    this.#readOpened(key, opened, offset, length, (fd) => preadFully(fd, key, out, outOff, length, LOCAL_HEADER_SIZE + offset));
+    this.#readOpened(key, opened, offset, length, readFn);
     return true;
   }
 

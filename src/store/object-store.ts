@@ -99,6 +99,8 @@ export interface LocalObjects {
    * read were most of what a 4 KiB random read of a `file:` volume cost.
    */
   readNow?(key: string, offset: number, length: number, out: Buffer, outOff: number): boolean;
+  /** readv(), done before returning when it needs no wait, as readNow. */
+  readvNow?(key: string, offset: number, parts: readonly Buffer[]): boolean;
   /**
    * The same bytes, lent: `use` is called with them and must be done with them when it
    * returns (it is synchronous; the store reuses their memory for the next view); resolves to

@@ -277,6 +277,7 @@ export class SettingsCheckedObjectStore implements ObjectStore {
           : this.#ready(false).then(() => inner.read(key, offset, length, out, outOff))),
         // Only once the check passed: before, every read waits for it (read()).
         ...(inner.readNow ? { readNow: (key: string, offset: number, length: number, out: Buffer, outOff: number) => this.#state === 'ok' && inner.readNow!(key, offset, length, out, outOff) } : {}),
+        ...(inner.readvNow ? { readvNow: (key: string, offset: number, parts: readonly Buffer[]) => this.#state === 'ok' && inner.readvNow!(key, offset, parts) } : {}),
         view: (key, offset, length, use) => (this.#state === 'ok'
           ? inner.view(key, offset, length, use)
           : this.#ready(false).then(() => inner.view(key, offset, length, use))),

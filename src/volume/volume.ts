@@ -971,11 +971,12 @@ export class Volume implements BlockBackend {
    * readObject's reads that need no wait (readStoredNow), checked as readObject checks them:
    * a raw object's range; part of one frame in blocks (planBlockRead), its crc entries and
    * blocks read into nowScratch and checked there (copyFromBlocks) before a byte reaches
-   * `out`; from the read cache, whole frames too, read into a scratch buffer and decoded
-   * (copyFromFrames). False when it would wait, when whole frames are on a local store (its
-   * in-place reads are read()'s), when the volume is encrypted and its keys are not here, or
-   * when a check failed (read() reads it again and reports it). nowScratch and the scratch
-   * buffer are used only within one synchronous run.
+   * `out`; whole frames too: a local file's raw ones read straight into `out` and checked
+   * there (planDirectRead, as readObject does), others read into a scratch buffer and decoded
+   * (copyFromFrames). False when it would wait, when the volume is encrypted and its keys are
+   * not here, or when a check failed (read() reads it again and reports it; `out` may hold
+   * unchecked bytes until then, which read() overwrites). nowScratch and the scratch buffer
+   * are used only within one synchronous run.
    */
   private readObjectNow(key: string, fr: FrameIndex | null, off: number, len: number, out: Buffer, outOff: number): boolean {
     if (fr === null) return this.readStoredNow(key, off, len, out, outOff);
@@ -983,8 +984,14 @@ export class Volume implements BlockBackend {
     try {
       const r = planBlockRead(fr, off, len, this.data.encryption !== undefined);
       if (r === null) {
-        if (this.local) return false;
         const sp = fr.span(off, len);
+        // Whole raw frames in a local file (a sequential reader's): straight into `out`, checked there.
+        const direct = this.local?.readvNow ? planDirectRead(fr, off, len, out, outOff) : null;
+        if (direct) {
+          if (!this.local!.readvNow!(key, sp.start, direct.parts)) return false;
+          finishDirectRead(key, direct, this.frameKeys);
+          return true;
+        }
         const stored = this.takeScratch(sp.end - sp.start);
         const got = this.readStoredNow(key, sp.start, sp.end - sp.start, stored, 0);
         if (got) copyFromFrames(key, fr, stored, off, len, out, outOff, this.frameKeys);

@@ -297,6 +297,21 @@ test('readNow (a READ answered on the spot) of a file: volume: the same bytes as
     else t.true((await v.read(off, len)).equals(data.subarray(off, off + len)), `read [${off}, +${len})`);
   }
   t.true(now > 200, `most reads within one frame were answered on the spot (${now})`);
+  // Whole frames (a sequential reader's): read in place and checked, on the spot too.
+  for (let off = 0; off + 96 * KiB <= 2 * MiB; off += 160 * KiB) {
+    const into = out.subarray(0, 64 * KiB).fill(0xee);
+    t.true(v.readNow(off + 32 * KiB, 64 * KiB, into), `whole frames [${off + 32 * KiB}, +64 KiB) on the spot`);
+    t.true(into.equals(data.subarray(off + 32 * KiB, off + 96 * KiB)));
+  }
+  // Compressed (lz4) frames of a local file: read and decoded in a scratch buffer, on the spot.
+  const txt = text(9, 1 * MiB);
+  await v.write(12 * MiB, txt, true);
+  t.true((await v.read(12 * MiB, 4096)).equals(txt.subarray(0, 4096))); // opens its file
+  for (const [o, l] of [[0, 4096], [100, 40_000], [32 * KiB, 64 * KiB], [MiB - 5000, 5000]] as const) {
+    const into = out.subarray(0, l).fill(0xee);
+    t.true(v.readNow(12 * MiB + o, l, into), `lz4 frames [${o}, +${l}) on the spot`);
+    t.true(into.equals(txt.subarray(o, o + l)));
+  }
   // Bytes still in memory (written, not flushed) and holes: answered on the spot too.
   const fresh = rnd(8, 8192);
   await v.write(5 * MiB, fresh, false);
@@ -317,6 +332,9 @@ test('readNow (a READ answered on the spot) of a file: volume: the same bytes as
     if (off === bad) {
       t.false(v.readNow(off, 4096, into), 'the damaged block: not answered on the spot');
       await t.throwsAsync(v.read(off, 4096), { instanceOf: ChecksumError });
+      const frame = Math.floor(off / (32 * KiB)) * 32 * KiB;
+      t.false(v.readNow(frame, 32 * KiB, out.subarray(0, 32 * KiB)), 'nor its whole frame, read in place');
+      await t.throwsAsync(v.read(frame, 32 * KiB), { instanceOf: ChecksumError });
     } else {
       t.true(v.readNow(off, 4096, into), `[${off}, +4096) on the spot`);
       t.true(into.equals(data.subarray(off, off + 4096)), `[${off}, +4096) right bytes`);
