@@ -396,8 +396,8 @@ export class BlockCache {
    * read(), done before returning when every block of the range is cached and can be read on
    * the spot (its bytes still in memory, or in a slab that reads synchronously): true once
    * `out` is filled; false, having changed nothing but `out`'s contents, when a block is
-   * missing, being fetched or written back after a failure, or the slab cannot read it now
-   * (read() then fetches it, or reports the disk). Hits and recency are counted on success
+   * missing (or still being fetched), was dropped after its slab write failed, or the slab
+   * cannot read it now (read() then fetches it, or reports the disk). Hits and recency are counted on success
    * only. Synchronous from lookup to copy, so no block can be evicted or its slot reused in
    * between (eviction and drops run on other turns).
    */
