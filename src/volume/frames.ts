@@ -449,6 +449,10 @@ export class FrameIndex {
     this.frames = ends.length - 1;
   }
 
+  /** Block crcs remembered for this object (rememberBlockCrcs), and which of them are. */
+  blockCrcs: Uint32Array | null = null;
+  blockCrcKnown: Uint8Array | null = null;
+
   /** Stored bytes of all frames. */
   get stored(): number { return this.ends[this.frames]!; }
 
@@ -677,6 +681,66 @@ export function planBlockRead(idx: FrameIndex, off: number, len: number, encrypt
     dataStart: data + b0 * BLOCK_BYTES, dataLength: Math.min((b1 + 1) * BLOCK_BYTES, frameLogical) - b0 * BLOCK_BYTES,
     frame: first, from, to, frameLogical,
   };
+}
+
+/**
+ * Block crcs remembered per object (on its FrameIndex), so a 4 KiB random read of a frame in
+ * blocks reads only its block: one `pread` or cache lookup instead of two (the crc entries sit
+ * at the frame's start, up to 32 KiB away). Only entries a block just passed its check against
+ * are remembered (rememberBlockCrcs after copyFromBlocks), a failed check forgets them
+ * (forgetBlockCrcs: the next read reads them again from where they are stored), and they only
+ * ever check bytes read afresh, seeded with the object and frame: a remembered entry can make
+ * a good block fail (then read() reads both again), never a bad one pass. Bounded for the
+ * whole process: past BLOCK_CRC_MEMO_BYTES every remembered entry is forgotten at once.
+ */
+const BLOCK_CRC_MEMO_BYTES = 32 * 1024 * 1024;
+let blockCrcMemoBytes = 0;
+const blockCrcHolders = new Set<FrameIndex>();
+
+/** The crc entries of a block read, remembered: written into `table` (r.tableLength bytes) and true, or false when any is not. */
+export function rememberedBlockCrcs(idx: FrameIndex, r: BlockRead, table: Buffer): boolean {
+  const known = idx.blockCrcKnown;
+  if (known === null) return false;
+  const per = idx.frameBytes / BLOCK_BYTES;
+  const first = r.frame * per + Math.floor(r.from / BLOCK_BYTES);
+  const n = r.tableLength / BLOCK_CRC;
+  for (let k = 0; k < n; k++) if (known[first + k] !== 1) return false;
+  const crcs = idx.blockCrcs!;
+  for (let k = 0; k < n; k++) table.writeUInt32LE(crcs[first + k]!, k * BLOCK_CRC);
+  return true;
+}
+
+/** Remember the crc entries of a block read whose blocks just passed their check against `table`. */
+export function rememberBlockCrcs(idx: FrameIndex, r: BlockRead, table: Buffer): void {
+  if (idx.frameBytes % BLOCK_BYTES !== 0) return; // frames of whole blocks only (all of today's)
+  if (idx.blockCrcKnown === null) {
+    const blocks = idx.frames * (idx.frameBytes / BLOCK_BYTES);
+    if (blockCrcMemoBytes + blocks * 5 > BLOCK_CRC_MEMO_BYTES) {
+      for (const h of blockCrcHolders) { h.blockCrcs = null; h.blockCrcKnown = null; }
+      blockCrcHolders.clear();
+      blockCrcMemoBytes = 0;
+    }
+    idx.blockCrcs = new Uint32Array(blocks);
+    idx.blockCrcKnown = new Uint8Array(blocks);
+    blockCrcHolders.add(idx);
+    blockCrcMemoBytes += blocks * 5;
+  }
+  const per = idx.frameBytes / BLOCK_BYTES;
+  const first = r.frame * per + Math.floor(r.from / BLOCK_BYTES);
+  const n = r.tableLength / BLOCK_CRC;
+  for (let k = 0; k < n; k++) {
+    idx.blockCrcs![first + k] = table.readUInt32LE(k * BLOCK_CRC);
+    idx.blockCrcKnown[first + k] = 1;
+  }
+}
+
+/** Forget the remembered crc entries of a block read (a check against them failed). */
+export function forgetBlockCrcs(idx: FrameIndex, r: BlockRead): void {
+  const known = idx.blockCrcKnown;
+  if (known === null) return;
+  const per = idx.frameBytes / BLOCK_BYTES;
+  const first = r.frame * per + Math.floor(r.from / BLOCK_BYTES);
+  known.fill(0, first, first + r.tableLength / BLOCK_CRC);
 }
 
 /** Check the blocks of a block read (`table`, `data`: its two ranges' bytes) and copy the range into out[outOff..] (ChecksumError). */

@@ -49,7 +49,7 @@ import {
   followsChain, framedSegmentRef, inlineFrames, keys, logHeaderEnd, maxOperationMs, recordCounts, segmentFrames, seqFromKey, timeBounds,
   type CheckpointData, type DataSettings, type LogHeader, type RecordExtent, type VolumeRecord, type WorkingSetData,
 } from './format.js';
-import { ENCODE_SLICE, FRAME_BYTES, compressionAvailable, concatInSlices, copyFromBlocks, copyFromFrames, encodeObject, finishDirectRead, planBlockRead, planDirectRead, lengthsToString, type BlockRead, type EncodeOptions, type FrameIndex, type FrameKeys } from './frames.js';
+import { ENCODE_SLICE, FRAME_BYTES, compressionAvailable, concatInSlices, copyFromBlocks, copyFromFrames, encodeObject, finishDirectRead, forgetBlockCrcs, planBlockRead, planDirectRead, rememberBlockCrcs, rememberedBlockCrcs, lengthsToString, type BlockRead, type EncodeOptions, type FrameIndex, type FrameKeys } from './frames.js';
 
 /** The lease token is not above the highest one in the log: re-acquire with `minToken`. */
 export class StaleTokenError extends BatonError {
@@ -969,9 +969,9 @@ export class Volume implements BlockBackend {
 
   /**
    * readObject's reads that need no wait (readStoredNow), checked as readObject checks them:
-   * a raw object's range; part of one frame in blocks (planBlockRead), its crc entries and
-   * blocks read into nowScratch and checked there (copyFromBlocks) before a byte reaches
-   * `out`; whole frames too: a local file's raw ones read straight into `out` and checked
+   * a raw object's range; part of one frame in blocks (planBlockRead), its crc entries (or
+   * the ones remembered after an earlier check: rememberBlockCrcs) and blocks read into
+   * nowScratch and checked there (copyFromBlocks) before a byte reaches `out`; whole frames too: a local file's raw ones read straight into `out` and checked
    * there (planDirectRead, as readObject does), others read into a scratch buffer and decoded
    * (copyFromFrames). False when it would wait, when the volume is encrypted and its keys are
    * not here, or when a check failed (read() reads it again and reports it; `out` may hold
@@ -1002,9 +1002,16 @@ export class Volume implements BlockBackend {
       if (this.nowScratch.length < need) this.nowScratch = Buffer.allocUnsafe(Math.max(need, FRAME_BYTES + 1024));
       const table = this.nowScratch.subarray(0, r.tableLength);
       const data = this.nowScratch.subarray(r.tableLength, need);
-      if (!this.readStoredNow(key, r.tableStart, r.tableLength, table, 0)) return false;
+      const remembered = rememberedBlockCrcs(fr, r, table);
+      if (!remembered && !this.readStoredNow(key, r.tableStart, r.tableLength, table, 0)) return false;
       if (!this.readStoredNow(key, r.dataStart, r.dataLength, data, 0)) return false;
-      copyFromBlocks(key, r, table, data, out, outOff);
+      try {
+        copyFromBlocks(key, r, table, data, out, outOff);
+      } catch (err) {
+        if (remembered) forgetBlockCrcs(fr, r);
+        throw err;
+      }
+      if (!remembered) rememberBlockCrcs(fr, r, table);
       return true;
     } catch (err) {
       if (err instanceof ChecksumError) return false;

@@ -297,6 +297,12 @@ test('readNow (a READ answered on the spot) of a file: volume: the same bytes as
     else t.true((await v.read(off, len)).equals(data.subarray(off, off + len)), `read [${off}, +${len})`);
   }
   t.true(now > 200, `most reads within one frame were answered on the spot (${now})`);
+  // The crc entry a block passed its check against is remembered: the block's next read reads the block alone.
+  const reads = store.local.reads!;
+  t.true(v.readNow(8192, 4096, out.subarray(0, 4096)));
+  const readBefore = reads.bytes;
+  t.true(v.readNow(8192, 4096, out.subarray(0, 4096)) && out.subarray(0, 4096).equals(data.subarray(8192, 12_288)));
+  t.is(reads.bytes - readBefore, 4096, 'the block alone');
   // Whole frames (a sequential reader's): read in place and checked, on the spot too.
   for (let off = 0; off + 96 * KiB <= 2 * MiB; off += 160 * KiB) {
     const into = out.subarray(0, 64 * KiB).fill(0xee);

@@ -13,7 +13,7 @@ import {
   checkCheckpoint, decodeCheckpoint, decodeLogHeader, encodeCheckpoint, encodeLogRecord, framedSegmentRef, inlineFrames, segmentFrames, type LogHeader,
 } from '../../src/volume/format.js';
 import {
-  BLOCK_BYTES, CODEC_BLOCKS, CODEC_LZ4, CODEC_RAW, FRAME_BYTES, copyFromBlocks, planBlockRead, type DirectRead, FRAME_HEADER, FrameIndex, compressionAvailable, copyFromFrames, decodeFrame, decodeLz4Block, encodeFrame, encodeObject, encodeObjectSync, keySeed, frameSeed, crc32, nativeCrcAvailable, planDirectRead, finishDirectRead,
+  BLOCK_BYTES, CODEC_BLOCKS, CODEC_LZ4, CODEC_RAW, FRAME_BYTES, copyFromBlocks, planBlockRead, type DirectRead, FRAME_HEADER, FrameIndex, compressionAvailable, copyFromFrames, decodeFrame, decodeLz4Block, encodeFrame, encodeObject, encodeObjectSync, keySeed, frameSeed, crc32, rememberBlockCrcs, rememberedBlockCrcs, forgetBlockCrcs, nativeCrcAvailable, planDirectRead, finishDirectRead,
   lengthsFromString, lengthsToString, looksRandom, scanFrames, type EncodeOptions, type FrameKeys,
 } from '../../src/volume/frames.js';
 
@@ -256,6 +256,30 @@ test('the frame checksum is zlib\'s crc32, whichever implementation computes it 
     const key = `vol/v/seg/${k % 4500}`;
     t.is(keySeed(key), zlibCrc32(Buffer.from(key, 'utf8')));
   }
+});
+
+test('remembered block crcs: only what was remembered is given back, a forgotten entry is asked for again, and the memo stays bounded', (t) => {
+  const idx = () => FrameIndex.fromLengths(FRAME_BYTES, 8 * FRAME_BYTES, 0, new Uint32Array(8).fill(FRAME_HEADER + FRAME_BYTES + 32), 'test');
+  const a = idx();
+  const r = planBlockRead(a, 3 * FRAME_BYTES + 2 * BLOCK_BYTES + 100, 2 * BLOCK_BYTES, false)!; // blocks 2-4 of frame 3
+  t.truthy(r);
+  t.is(r.tableLength, 12);
+  const table = Buffer.from([1, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0xff]);
+  const got = Buffer.alloc(12);
+  t.false(rememberedBlockCrcs(a, r, got), 'nothing remembered yet');
+  rememberBlockCrcs(a, r, table);
+  t.true(rememberedBlockCrcs(a, r, got));
+  t.deepEqual(got, table);
+  const wider = planBlockRead(a, 3 * FRAME_BYTES + BLOCK_BYTES, 4 * BLOCK_BYTES, false)!; // blocks 1-4: block 1 unknown
+  t.false(rememberedBlockCrcs(a, wider, Buffer.alloc(wider.tableLength)));
+  const other = planBlockRead(a, 4 * FRAME_BYTES + 2 * BLOCK_BYTES + 100, 2 * BLOCK_BYTES, false)!; // the same blocks of frame 4
+  t.false(rememberedBlockCrcs(a, other, Buffer.alloc(12)), 'per frame');
+  forgetBlockCrcs(a, r);
+  t.false(rememberedBlockCrcs(a, r, got), 'forgotten');
+  // Bounded: remembering for ever more objects forgets the old ones at some point (32 MiB of entries in all).
+  rememberBlockCrcs(a, r, table);
+  for (let i = 0; i < 200_000 && rememberedBlockCrcs(a, r, got); i++) rememberBlockCrcs(FrameIndex.fromLengths(FRAME_BYTES, 2048 * FRAME_BYTES, 0, new Uint32Array(2048).fill(FRAME_HEADER + FRAME_BYTES + 32), 'big'), r, table);
+  t.false(rememberedBlockCrcs(a, r, got), 'the first object\'s entries were forgotten when the memo filled');
 });
 
 test('direct reads: only whole frames stored raw or in blocks are planned straight into the buffer; filled and finished, they are the logical bytes, and a damaged one is a ChecksumError', (t) => {
