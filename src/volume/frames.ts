@@ -691,7 +691,8 @@ export function planBlockRead(idx: FrameIndex, off: number, len: number, encrypt
  * (forgetBlockCrcs: the next read reads them again from where they are stored), and they only
  * ever check bytes read afresh, seeded with the object and frame: a remembered entry can make
  * a good block fail (then read() reads both again), never a bad one pass. Bounded for the
- * whole process: past BLOCK_CRC_MEMO_BYTES every remembered entry is forgotten at once.
+ * whole process: past BLOCK_CRC_MEMO_BYTES (entries and the indexes they keep alive) every
+ * remembered entry is forgotten at once.
  */
 const BLOCK_CRC_MEMO_BYTES = 32 * 1024 * 1024;
 let blockCrcMemoBytes = 0;
@@ -715,7 +716,9 @@ export function rememberBlockCrcs(idx: FrameIndex, r: BlockRead, table: Buffer):
   if (idx.frameBytes % BLOCK_BYTES !== 0) return; // frames of whole blocks only (all of today's)
   if (idx.blockCrcKnown === null) {
     const blocks = idx.frames * (idx.frameBytes / BLOCK_BYTES);
-    if (blockCrcMemoBytes + blocks * 5 > BLOCK_CRC_MEMO_BYTES) {
+    // Counted with what holding the index costs (the Set keeps it alive until the next clear).
+    const cost = blocks * 5 + idx.ends.byteLength + 256;
+    if (blockCrcMemoBytes + cost > BLOCK_CRC_MEMO_BYTES) {
       for (const h of blockCrcHolders) { h.blockCrcs = null; h.blockCrcKnown = null; }
       blockCrcHolders.clear();
       blockCrcMemoBytes = 0;
@@ -723,7 +726,7 @@ export function rememberBlockCrcs(idx: FrameIndex, r: BlockRead, table: Buffer):
     idx.blockCrcs = new Uint32Array(blocks);
     idx.blockCrcKnown = new Uint8Array(blocks);
     blockCrcHolders.add(idx);
-    blockCrcMemoBytes += blocks * 5;
+    blockCrcMemoBytes += cost;
   }
   const per = idx.frameBytes / BLOCK_BYTES;
   const first = r.frame * per + Math.floor(r.from / BLOCK_BYTES);
