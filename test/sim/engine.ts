@@ -271,8 +271,9 @@ export async function readBack(run: SimRun, node: Node, vol: Volume, s: Session,
 }
 
 /**
- * A read into a buffer of ours, checked against the model. A failed read's buffer is
- * watched: nothing may write into it after the read settled (9.1).
+ * A read into a buffer of ours, checked against the model, made as the NBD session makes it:
+ * answered on the spot when the volume can (Volume.readNow), else through read(). A failed
+ * read's buffer is watched: nothing may write into it after the read settled (9.1).
  */
 export async function checkedRead(
   run: SimRun, node: Node, vol: Volume, owner: Session | null, off: number, len: number, lo: () => number, what: string, lease: Lease | null, vm = owner?.vol,
@@ -281,7 +282,7 @@ export async function checkedRead(
   const l = lo();
   const desc = `${what}: read [${off}, ${off + len})`;
   try {
-    await run.op(node, desc, () => vol.read(off, len, into), { read: true, lease });
+    await run.op(node, desc, async () => (vol.readNow(off, len, into) ? into : vol.read(off, len, into)), { read: true, lease });
   } catch (err) {
     run.watchFailedRead(into, desc);
     // A writer's read past its lease deadline, or of a fenced volume, is refused (F2).
