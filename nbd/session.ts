@@ -639,14 +639,14 @@ export class NbdSession {
         failed(err);
         return;
       }
-      if (filled && whole) {
+      if (filled) {
+        if (!whole) { succeeded({ frames: this.readReply(req, [buf], v.length), release: () => releaseBuffer(buf) }); return; }
         if (this.structured) codec.writeOffsetDataHeader(whole, req.cookie, req.offset, v.length, true);
         else codec.writeSimpleReply(whole, 0, req.cookie);
         succeeded({ frames: [whole] });
         return;
       }
-      if (filled) { succeeded({ frames: this.readReply(req, [buf], v.length), release: () => releaseBuffer(buf) }); return; }
-      if (!whole) releaseBuffer(buf);
+      if (!whole) releaseBuffer(buf); // a carved piece is simply left to the GC
     }
     // Likewise a WRITE without FUA the backend can take on the spot (BlockBackend.writeNow).
     if (req.type === C.NBD_CMD_WRITE && !fua && v.length > 0 && chunks && backend.writeNow) {

@@ -395,9 +395,9 @@ export class BlockCache {
   /**
    * read(), done before returning when every block of the range is cached and can be read on
    * the spot (its bytes still in memory, or in a slab that reads synchronously): true once
-   * `out` is filled; false, having changed nothing but `out`'s contents, when a block is
-   * missing (or still being fetched), was dropped after its slab write failed, or the slab
-   * cannot read it now (read() then fetches it, or reports the disk). Hits and recency are counted on success
+   * `out` is filled; false when a block is missing (or still being fetched), was dropped after
+   * its slab write failed, or the slab cannot read it now (read() then fetches it, or reports
+   * the disk). Blocks found are touched as read() touches them; hits are counted on success
    * only. Synchronous from lookup to copy, so no block can be evicted or its slot reused in
    * between (eviction and drops run on other turns).
    */
@@ -407,8 +407,10 @@ export class BlockCache {
     const first = Math.floor(offset / CACHE_BLOCK);
     const last = Math.floor((offset + length - 1) / CACHE_BLOCK);
     for (let blk = first; blk <= last; blk++) {
-      const e = this.index.get(BlockCache.id(key, blk));
+      const id = BlockCache.id(key, blk);
+      const e = this.index.get(id);
       if (e === undefined || e.dropped) return false;
+      this.index.delete(id); this.index.set(id, e); // touch: most recently used (it is cached, read or not)
       const blockStart = blk * CACHE_BLOCK;
       const from = Math.max(offset, blockStart);
       const to = Math.min(offset + length, blockStart + CACHE_BLOCK);
@@ -419,11 +421,6 @@ export class BlockCache {
       } catch {
         return false; // read() reads it again and, if the disk still fails, says so and drops it
       }
-    }
-    for (let blk = first; blk <= last; blk++) {
-      const id = BlockCache.id(key, blk);
-      const e = this.index.get(id)!;
-      this.index.delete(id); this.index.set(id, e); // touch: most recently used
     }
     this.stats.hits += last - first + 1;
     return true;

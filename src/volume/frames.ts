@@ -698,12 +698,16 @@ const BLOCK_CRC_MEMO_BYTES = 32 * 1024 * 1024;
 let blockCrcMemoBytes = 0;
 const blockCrcHolders = new Set<FrameIndex>();
 
+/** Where a block read's first block is in its object's remembered crcs (frame by frame, block by block). */
+function firstBlockSlot(idx: FrameIndex, r: BlockRead): number {
+  return r.frame * (idx.frameBytes / BLOCK_BYTES) + Math.floor(r.from / BLOCK_BYTES);
+}
+
 /** The crc entries of a block read, remembered: written into `table` (r.tableLength bytes) and true, or false when any is not. */
 export function rememberedBlockCrcs(idx: FrameIndex, r: BlockRead, table: Buffer): boolean {
   const known = idx.blockCrcKnown;
   if (known === null) return false;
-  const per = idx.frameBytes / BLOCK_BYTES;
-  const first = r.frame * per + Math.floor(r.from / BLOCK_BYTES);
+  const first = firstBlockSlot(idx, r);
   const n = r.tableLength / BLOCK_CRC;
   for (let k = 0; k < n; k++) if (known[first + k] !== 1) return false;
   const crcs = idx.blockCrcs!;
@@ -728,8 +732,7 @@ export function rememberBlockCrcs(idx: FrameIndex, r: BlockRead, table: Buffer):
     blockCrcHolders.add(idx);
     blockCrcMemoBytes += cost;
   }
-  const per = idx.frameBytes / BLOCK_BYTES;
-  const first = r.frame * per + Math.floor(r.from / BLOCK_BYTES);
+  const first = firstBlockSlot(idx, r);
   const n = r.tableLength / BLOCK_CRC;
   for (let k = 0; k < n; k++) {
     idx.blockCrcs![first + k] = table.readUInt32LE(k * BLOCK_CRC);
@@ -741,8 +744,7 @@ export function rememberBlockCrcs(idx: FrameIndex, r: BlockRead, table: Buffer):
 export function forgetBlockCrcs(idx: FrameIndex, r: BlockRead): void {
   const known = idx.blockCrcKnown;
   if (known === null) return;
-  const per = idx.frameBytes / BLOCK_BYTES;
-  const first = r.frame * per + Math.floor(r.from / BLOCK_BYTES);
+  const first = firstBlockSlot(idx, r);
   known.fill(0, first, first + r.tableLength / BLOCK_CRC);
 }
 

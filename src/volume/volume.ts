@@ -72,6 +72,17 @@ const ZERO: ZeroLoc = { zero: true, hole: false };
 
 function isZero(v: Loc | Dirty): v is ZeroLoc { return (v as ZeroLoc).zero === true; }
 
+/**
+ * A piece of a read that needs no store: a hole or zeroes (zero-filled) or buffered bytes
+ * (copied), into out[at, at + len); false, with nothing done, for a piece in an object.
+ */
+function copyHeld(v: Loc | Dirty | undefined, out: Buffer, at: number, len: number): v is ZeroLoc | { buf: Buffer } | undefined {
+  if (v === undefined || isZero(v)) out.fill(0, at, at + len);
+  else if ('buf' in v) v.buf.copy(out, at, 0, len);
+  else return false;
+  return true;
+}
+
 type ObjectLoc = Exclude<Loc, ZeroLoc>;
 
 /**
@@ -904,9 +915,7 @@ export class Volume implements BlockBackend {
     const fetches: { key: string; size: number; off: number; len: number; outOff: number; fr: FrameIndex | null }[] = [];
     this.resolve(offset, length, (p) => {
       const v = p.value;
-      if (v === undefined || isZero(v)) out.fill(0, p.offset - offset, p.offset - offset + p.length);
-      else if ('buf' in v) v.buf.copy(out, p.offset - offset, 0, p.length);
-      else fetches.push({ key: v.key, size: v.size, off: v.off, len: p.length, outOff: p.offset - offset, fr: v.fr });
+      if (!copyHeld(v, out, p.offset - offset, p.length)) fetches.push({ key: v.key, size: v.size, off: v.off, len: p.length, outOff: p.offset - offset, fr: v.fr });
     });
     if (fetches.length > 0) {
       // While hydration runs, what this read needs goes to the front of its queue (the read
@@ -950,10 +959,8 @@ export class Volume implements BlockBackend {
     this.resolve(offset, length, (p) => {
       const v = p.value;
       const at = p.offset - offset;
-      if (v === undefined || isZero(v)) into.fill(0, at, at + p.length);
-      else if ('buf' in v) v.buf.copy(into, at, 0, p.length);
-      else if (!this.readObjectNow(v.key, v.fr, v.off, p.length, into, at)) return (done = false);
-      return true;
+      if (copyHeld(v, into, at, p.length) || this.readObjectNow(v.key, v.fr, v.off, p.length, into, at)) return true;
+      return (done = false);
     });
     if (!done) return false;
     this.workingSet.touch(offset, length, true);
