@@ -10,7 +10,11 @@
  * Misses are fetched with ranged GETs: adjacent missing blocks of one object are coalesced
  * into one request, and a sequential reader's readahead extends that request. Concurrent
  * misses of the same block share one fetch, and the fetched bytes serve every read that
- * waited for them whether or not they could be cached: a block is fetched once.
+ * waited for them whether or not they could be cached: a block is fetched once. The one
+ * exception is a background fetch (prefetch(..., { background: true }): hydration's large
+ * GETs): a read never waits for one alone. It sends its own GET for the blocks it needs and
+ * takes whichever answers first (a hydration GET of 2 MiB among eight in flight can take many
+ * times a 4 KiB one, and a mount's reads come one after another).
  *
  * The cache is an optimisation and never a reason for a read to fail: a full or failing cache
  * disk is reported once and costs only speed (blocks come from the store until it works).
@@ -191,6 +195,8 @@ export interface CacheStats {
   cachedBytes: number;
   /** Blocks pushed out (least recently used) to make room for another. */
   evictions: number;
+  /** Reads that sent their own GET for blocks a background fetch (hydration) was bringing. */
+  raced: number;
 }
 
 export interface BlockCacheOptions {
@@ -215,11 +221,13 @@ export class BlockCache {
   private nextSlot = 0;
   private readonly maxSlots: number;
   private readonly inflight = new Map<string, Promise<Fetched>>();
+  /** The fetches in `inflight` that background prefetches started (reads race them: top of the file). */
+  private readonly background = new WeakSet<Promise<Fetched>>();
   /** Slab writes not yet settled (their entries' `ready`). */
   private readonly writing = new Set<Promise<void>>();
   /** The cache disk failed its last operation: warned once, until an operation succeeds again. */
   private diskFailing = false;
-  readonly stats: CacheStats = { hits: 0, misses: 0, fetches: 0, bytesFetched: 0, cachedBytes: 0, evictions: 0 };
+  readonly stats: CacheStats = { hits: 0, misses: 0, fetches: 0, bytesFetched: 0, cachedBytes: 0, evictions: 0, raced: 0 };
 
   private constructor(private readonly slab: Slab, capacityBytes: number, private readonly log: CacheLogger | undefined) {
     this.maxSlots = Math.max(16, Math.floor(capacityBytes / CACHE_BLOCK));
@@ -347,7 +355,29 @@ export class BlockCache {
           continue;
         }
         const pending = this.inflight.get(id);
-        if (pending) { entries.push(null); fetches.push(pending); b++; continue; }
+        if (pending && !this.background.has(pending)) { entries.push(null); fetches.push(pending); b++; continue; }
+        if (pending) {
+          // Blocks a background fetch is bringing: this read's own GET for them (and any
+          // missing ones between), raced against that fetch per block (top of the file).
+          const others: (Promise<Fetched> | undefined)[] = [pending];
+          let runEnd = b;
+          for (; runEnd < last; runEnd++) {
+            const id1 = BlockCache.id(key, runEnd + 1);
+            if (this.index.has(id1)) break;
+            const p1 = this.inflight.get(id1);
+            if (p1 && !this.background.has(p1)) break;
+            others.push(p1);
+          }
+          this.stats.misses += runEnd - b + 1;
+          this.stats.raced++;
+          const own = this.fetchRun(store, key, objectSize, b, runEnd);
+          for (const other of others) {
+            entries.push(null);
+            fetches.push(other ? firstFulfilled(own, other) : own);
+            b++;
+          }
+          continue;
+        }
         // A run of missing blocks, extended by readahead (never past the object's end).
         let runEnd = this.extendMissing(key, b, b, last);
         if (runEnd === last && readahead > 0) {
@@ -434,8 +464,10 @@ export class BlockCache {
    * want them). Waiting for the disk is what paces a caller that prefetches in a loop
    * (hydration) to what the disk takes: otherwise blocks waiting for their slab write
    * (MAX_SLAB_WRITES) would pile up in memory when the store is faster than the disk.
+   * `background`: reads that need these blocks meanwhile do not wait for this fetch alone
+   * (hydration's; the sequential readahead's are shared: its reader is about to want them).
    */
-  async prefetch(store: ObjectStore, key: string, objectSize: number, offset: number, length: number): Promise<number> {
+  async prefetch(store: ObjectStore, key: string, objectSize: number, offset: number, length: number, background = false): Promise<number> {
     const end = Math.min(offset + length, objectSize);
     if (end <= offset) return 0;
     const last = Math.floor((end - 1) / CACHE_BLOCK);
@@ -443,7 +475,7 @@ export class BlockCache {
     for (let b = Math.floor(offset / CACHE_BLOCK); b <= last;) {
       if (!this.missing(key, b)) { b++; continue; }
       const runEnd = this.extendMissing(key, b, b, last, MAX_FETCH / CACHE_BLOCK);
-      runs.push(this.fetchRun(store, key, objectSize, b, runEnd));
+      runs.push(this.fetchRun(store, key, objectSize, b, runEnd, background));
       b = runEnd + 1;
     }
     let bytes = 0;
@@ -487,6 +519,21 @@ export class BlockCache {
     }
   }
 
+  /**
+   * A read of [offset, offset+length) of object `key` would send a GET now: some block is
+   * neither cached nor in a fetch it would share (a background fetch's blocks it fetches too).
+   */
+  wouldFetch(key: string, objectSize: number, offset: number, length: number): boolean {
+    const end = Math.min(offset + length, objectSize);
+    for (let b = Math.floor(offset / CACHE_BLOCK), last = Math.floor((end - 1) / CACHE_BLOCK); b <= last; b++) {
+      const id = BlockCache.id(key, b);
+      if (this.index.has(id)) continue;
+      const p = this.inflight.get(id);
+      if (!p || this.background.has(p)) return true;
+    }
+    return false;
+  }
+
   /** Block `block` of `key` is neither cached nor being fetched. */
   private missing(key: string, block: number): boolean {
     const id = BlockCache.id(key, block);
@@ -505,7 +552,7 @@ export class BlockCache {
   /** How many bytes the cache holds at most. */
   get capacityBytes(): number { return this.maxSlots * CACHE_BLOCK; }
 
-  private fetchRun(store: ObjectStore, key: string, objectSize: number, firstBlock: number, lastBlock: number): Promise<Fetched> {
+  private fetchRun(store: ObjectStore, key: string, objectSize: number, firstBlock: number, lastBlock: number, background = false): Promise<Fetched> {
     const start = firstBlock * CACHE_BLOCK;
     const end = Math.min((lastBlock + 1) * CACHE_BLOCK, objectSize);
     const p = (async (): Promise<Fetched> => {
@@ -523,6 +570,7 @@ export class BlockCache {
     const ids: string[] = [];
     for (let blk = firstBlock; blk <= lastBlock; blk++) ids.push(BlockCache.id(key, blk));
     for (const id of ids) this.inflight.set(id, p);
+    if (background) this.background.add(p);
     void p.catch(() => {}).finally(() => { for (const id of ids) if (this.inflight.get(id) === p) this.inflight.delete(id); });
     return p;
   }
@@ -537,4 +585,18 @@ export class BlockCache {
     this.index.clear();
     await this.slab.close();
   }
+}
+
+/**
+ * The first of two fetches of the same blocks to succeed; if both fail, `own`'s error (the
+ * read's own request, whose failure is the one to report). Each is handled: neither rejection
+ * is left unobserved.
+ */
+function firstFulfilled(own: Promise<Fetched>, other: Promise<Fetched>): Promise<Fetched> {
+  return new Promise((resolve, reject) => {
+    let ownFailed: { err: unknown } | null = null;
+    let otherFailed = false;
+    own.then(resolve, (err: unknown) => { ownFailed = { err }; if (otherFailed) reject(err); });
+    other.then(resolve, () => { otherFailed = true; if (ownFailed) reject(ownFailed.err); });
+  });
 }

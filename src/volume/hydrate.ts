@@ -18,8 +18,13 @@
  *   of the cache, so hydration never evicts what it brought, nor all of what the guest reads).
  * - Guest reads never wait behind it: they go to the block cache directly and fetch what they
  *   miss with their own GETs at once (hydration's queue is only ever drained by its own
- *   workers). A read that needs a block a hydration GET is already bringing shares that GET
- *   (BlockCache: a block is fetched once), as it does with the sequential prefetch.
+ *   workers). A read that needs a block a hydration GET is already bringing does not wait for
+ *   that GET alone either: hydration's GETs are background fetches (BlockCache.prefetch), so
+ *   the read sends its own for the blocks it needs and takes whichever answers first. Where a
+ *   request's bytes, not its first byte, take the time (a store at the end of a slow link), a
+ *   2 MiB GET among a full window of them takes many times one of 256 KiB, and a mount reads
+ *   one block after another. (On the loopback radosgw of bench/hydrate.ts it made no
+ *   difference: there the mount's reads were cache hits already.)
  * - While guest reads miss, hydration steps back: until GUEST_QUIET_MS after the last miss it
  *   keeps half its window (at least one GET) in flight, the GETs the guest promoted (below)
  *   first, so the guest's own GETs do not queue at the store behind a full window of large
@@ -284,7 +289,7 @@ export class Hydration {
         await new Promise<void>((r) => this.wake.push(r));
         continue;
       }
-      const bytes = await this.cache.prefetch(this.store, u.key, u.size, u.off, u.len);
+      const bytes = await this.cache.prefetch(this.store, u.key, u.size, u.off, u.len, true);
       this.fetchedBytes += bytes;
       this.requests++;
     }

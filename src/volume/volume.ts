@@ -925,7 +925,7 @@ export class Volume implements BlockBackend {
       if (h?.isRunning && !this.local) {
         for (const f of fetches) {
           const st = storedRange(f);
-          if (this.blockCache.missingBytes(f.key, f.size, st.off, st.len) > 0) h.guestMissed();
+          if (this.blockCache.wouldFetch(f.key, f.size, st.off, st.len)) h.guestMissed();
           h.promote(f.key, st.off, st.len);
         }
       }

@@ -143,3 +143,87 @@ test('cache writes leave libuv\'s thread pool free: a lease file\'s operation qu
     t.true(out.equals(blocks[i]!), `block ${i}`);
   }
 });
+
+/** GETs wait for their turn: each is held until `answer(i, ok)` lets the i-th one go (or fail). */
+class GatedStore extends MemoryObjectStore {
+  readonly gets: { offset: number; length: number; answer: (ok: boolean) => void }[] = [];
+  override async get(key: string, range?: { offset: number; length: number }): Promise<Buffer> {
+    let answer!: (ok: boolean) => void;
+    const go = new Promise<boolean>((r) => { answer = r; });
+    this.gets.push({ offset: range?.offset ?? 0, length: range?.length ?? -1, answer });
+    if (!(await go)) throw new Error(`GET ${key} failed (test)`);
+    return super.get(key, range);
+  }
+}
+
+test('a read never waits for a background prefetch alone: its own GET races it, the first answer serves it, either may fail; a readahead prefetch is shared', async (t) => {
+  const store = new GatedStore();
+  const obj = bytes(7, 8 * CACHE_BLOCK);
+  await store.put('o', obj);
+  const cache = await BlockCache.open({ capacityBytes: 64 * CACHE_BLOCK });
+  const turn = (): Promise<void> => new Promise((r) => setImmediate(r));
+  const settled = <T>(p: Promise<T>): { done: boolean; p: Promise<T> } => {
+    const s = { done: false, p };
+    void p.then(() => { s.done = true; }, () => { s.done = true; });
+    return s;
+  };
+
+  // Hydration's GET of blocks 0-3 hangs; a read of block 1 sends its own, of block 1 alone.
+  const hydration = settled(cache.prefetch(store, 'o', obj.length, 0, 4 * CACHE_BLOCK, true));
+  await turn();
+  t.deepEqual(store.gets.map((g) => [g.offset, g.length]), [[0, 4 * CACHE_BLOCK]]);
+  const out = Buffer.alloc(4096);
+  const read = settled(cache.read(store, 'o', obj.length, CACHE_BLOCK + 100, 4096, out, 0));
+  await turn();
+  t.deepEqual(store.gets.map((g) => [g.offset, g.length]).slice(1), [[CACHE_BLOCK, CACHE_BLOCK]], 'its own GET, of its block');
+  t.true(cache.wouldFetch('o', obj.length, 0, CACHE_BLOCK), 'block 0 is only in hydration\'s GET: a read would fetch it');
+  t.false(cache.wouldFetch('o', obj.length, CACHE_BLOCK, 10), 'block 1 is in a read\'s GET: a read would share it');
+  store.gets[1]!.answer(true);
+  await read.p;
+  t.true(out.equals(obj.subarray(CACHE_BLOCK + 100, CACHE_BLOCK + 4196)), 'served by its own GET while hydration\'s still hangs');
+  t.false(hydration.done);
+  t.is(cache.stats.raced, 1);
+  store.gets[0]!.answer(true);
+  t.is(await hydration.p, 4 * CACHE_BLOCK);
+  const again = Buffer.alloc(4 * CACHE_BLOCK);
+  await cache.read(store, 'o', obj.length, 0, again.length, again, 0);
+  t.true(again.equals(obj.subarray(0, 4 * CACHE_BLOCK)), 'all four blocks cached, from whichever GET landed first');
+  t.is(store.gets.length, 2);
+
+  // The read's own GET fails, hydration's succeeds: the read is served by hydration's.
+  store.gets.length = 0;
+  const h2 = cache.prefetch(store, 'o', obj.length, 4 * CACHE_BLOCK, 2 * CACHE_BLOCK, true);
+  await turn();
+  const r2 = cache.read(store, 'o', obj.length, 4 * CACHE_BLOCK, 2 * CACHE_BLOCK, Buffer.alloc(2 * CACHE_BLOCK), 0);
+  await turn();
+  t.is(store.gets.length, 2, 'hydration\'s and the read\'s own, for both blocks');
+  store.gets[1]!.answer(false);
+  await turn();
+  store.gets[0]!.answer(true);
+  await t.notThrowsAsync(r2);
+  await h2;
+
+  // Both fail: the read fails with its own GET's error.
+  store.gets.length = 0;
+  const h3 = cache.prefetch(store, 'o', obj.length, 6 * CACHE_BLOCK, CACHE_BLOCK, true);
+  await turn();
+  const r3 = cache.read(store, 'o', obj.length, 6 * CACHE_BLOCK, 10, Buffer.alloc(10), 0);
+  await turn();
+  store.gets[0]!.answer(false);
+  store.gets[1]!.answer(false);
+  await t.throwsAsync(r3, { message: /failed \(test\)/ });
+  t.is(await h3, 0, 'a failed prefetch fetched nothing, and never rejects');
+
+  // A readahead (not background) prefetch is shared: the read waits for it, no second GET.
+  store.gets.length = 0;
+  const h4 = cache.prefetch(store, 'o', obj.length, 7 * CACHE_BLOCK, CACHE_BLOCK);
+  await turn();
+  const r4 = settled(cache.read(store, 'o', obj.length, 7 * CACHE_BLOCK, 10, Buffer.alloc(10), 0));
+  await turn();
+  t.is(store.gets.length, 1, 'shared');
+  t.false(r4.done);
+  store.gets[0]!.answer(true);
+  await r4.p;
+  await h4;
+  await cache.close();
+});

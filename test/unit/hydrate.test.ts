@@ -457,6 +457,42 @@ test('a guest read during hydration is served at once: it never waits behind hyd
   for (const [i, off] of offsets.entries()) t.true((await w.read(off, CHUNK)).equals(data[i]!));
 });
 
+test('a guest read of a block a hydration GET is bringing does not wait for that GET: its own GET, the first answer serves it', async (t) => {
+  const mem = new MemoryObjectStore();
+  const a = host(mem, 64 * MiB, { segmentBytes: 8 * MiB });
+  await a.catalog.create('v', 64 * MiB, { format: 'raw' }); // GET offsets to the byte
+  const v = await a.open();
+  const bytes = pattern(5, 16 * MiB);
+  await v.write(0, bytes, true); // two 8 MiB segments; the upper one most recent
+  await v.close();
+  const watch = new WatchingStore(mem);
+  const b = host(watch);
+  const w = await b.open();
+  const high = keyAt(w, 8 * MiB);
+  watch.gets.length = 0;
+  watch.hold();
+  const h = hydrate(w, { concurrency: 1, fetchBytes: 2 * MiB });
+  try {
+    t.true(await until(() => watch.held === 1));
+    t.deepEqual(watch.gets[0], { key: high, offset: 0, length: 2 * MiB }, 'hydration\'s first GET: the upper segment\'s first 2 MiB, held');
+    watch.holding = false;
+    // A block inside that held GET.
+    const read = w.read(8 * MiB + CACHE_BLOCK + 4096, 4096);
+    const got = await Promise.race([read, sleep(3000).then(() => null)]);
+    t.not(got, null, 'answered while hydration\'s GET is still held');
+    t.true(got?.equals(bytes.subarray(8 * MiB + CACHE_BLOCK + 4096, 8 * MiB + CACHE_BLOCK + 8192)), 'right data');
+    t.is(watch.held, 1, 'hydration\'s GET still held');
+    t.deepEqual(watch.gets[1], { key: high, offset: CACHE_BLOCK, length: CACHE_BLOCK }, 'its own GET: the one block it needs');
+    t.is((await b.cache).stats.raced, 1);
+  } finally {
+    watch.release();
+  }
+  await h.done;
+  watch.gets.length = 0;
+  t.true((await w.read(0, 16 * MiB)).equals(bytes), 'every byte right, from the cache');
+  t.is(watch.gets.length, 0);
+});
+
 test('a guest read that misses moves hydration\'s queued GETs around it to the front (hydration follows the reader)', async (t) => {
   const mem = new MemoryObjectStore();
   const a = host(mem, 64 * MiB, { segmentBytes: 8 * MiB });
