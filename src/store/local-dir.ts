@@ -20,7 +20,11 @@
  * cannot corrupt anything: its link or rename then fails (ENOENT) and so does its put; and
  * after the link, the temp name is only a second name. One directory keeps the sweep's cost
  * at the number of temps, not objects. (Stores written before this layout may hold
- * `.tmp-*` files beside objects; nothing removes those.)
+ * `.tmp-*` files beside objects; nothing removes those.) A live store instance also keeps one
+ * empty temp of its own made ahead for its next put (#takeTemp: creating a file is the
+ * slowest metadata call of a put); close() removes it, and one made longer ago than
+ * SPARE_TEMP_MAX_AGE_MS (well inside STALE_TMP_MS, so never one another process's sweep
+ * could take) is not used but removed.
  *
  * Layout, and why:
  * - Key "vol/abc/log/1" is the file `DIR/vol/abc/log/1@`. Objects end in '@' and directories
@@ -37,8 +41,8 @@
  * - delete removes emptied directories; a put racing with that rmdir sees ENOENT and retries.
  */
 import { randomBytes } from 'node:crypto';
-import { close as fsClose, constants as fsc, fstat as fsFstat, open as fsOpen, read as fsRead, readFileSync, readSync, readvSync, stat as fsStat, type Dirent, type Stats } from 'node:fs';
-import { link, mkdir, open, readdir, rename, rmdir, stat, unlink, type FileHandle } from 'node:fs/promises';
+import { close as fsClose, closeSync, constants as fsc, fdatasync as fsFdatasync, fstat as fsFstat, fsync as fsFsync, linkSync, open as fsOpen, openSync, read as fsRead, readFileSync, readSync, readvSync, renameSync, stat as fsStat, unlinkSync, writev as fsWritev, writevSync, type Dirent, type Stats } from 'node:fs';
+import { mkdir, open, readdir, rmdir, stat, unlink, type FileHandle } from 'node:fs/promises';
 import { dirname, join, resolve } from 'node:path';
 import {
   BatonError,
@@ -161,10 +165,57 @@ async function readFully(fh: FileHandle, buf: Buffer, position: number, what: st
 export const WRITE_CHUNK_BYTES = 256 * 1024;
 
 /**
- * Write `bufs` back to back from position 0, WRITE_CHUNK_BYTES per pwritev at most (a
- * segment's pieces are many: one call gathers several).
+ * A put's calls to the file system, and where each runs. The waits for the disk (fdatasync,
+ * fsync) and the writes of large bodies go to libuv's thread pool, so the event loop serves
+ * other requests meanwhile. The metadata calls (create the temp, close, link, unlink, rename,
+ * open a directory) and the write of a small body (a log record) are made on the event loop:
+ * each costs microseconds (no wait for the disk: the journal takes them in memory), where a
+ * trip through the pool costs tens, and a small flush's put made nine such trips one after
+ * another (fio 4 KiB write + FLUSH at QD1 on a `file:` volume: 691 pairs/s against nbdkit
+ * file's 3,619; bench/README.md, issue 11). A call that does wait on the event loop (a journal
+ * that is full) holds every volume of this process for as long: the price of a local store.
  */
-async function writeFully(fh: FileHandle, bufs: readonly Buffer[]): Promise<void> {
+const SYNC_WRITE_BYTES = 64 * 1024;
+
+/** A temp file created for a put, open for writing. */
+interface TempFile { path: string; fd: number; made: number }
+
+/** A temp made ahead (#takeTemp) older than this is removed, not used (the file's top: the sweep's age bound). */
+const SPARE_TEMP_MAX_AGE_MS = STALE_TMP_MS / 4;
+
+/** Close and remove a temp no put will use. */
+function discardTemp(t: TempFile): void {
+  try { closeSync(t.fd); } catch { /* closed */ }
+  unlinkSync0(t.path);
+}
+
+function unlinkSync0(path: string): void {
+  try { unlinkSync(path); } catch { /* gone already, or left for the sweep */ }
+}
+
+function openAsync(path: string, flags: number, mode: number): Promise<number> {
+  return new Promise((resolve, reject) => fsOpen(path, flags, mode, (err, fd) => (err ? reject(err) : resolve(fd))));
+}
+
+function fdatasyncAsync(fd: number): Promise<void> {
+  return new Promise((resolve, reject) => fsFdatasync(fd, (err) => (err ? reject(err) : resolve())));
+}
+
+function fsyncAsync(fd: number): Promise<void> {
+  return new Promise((resolve, reject) => fsFsync(fd, (err) => (err ? reject(err) : resolve())));
+}
+
+function writevAsync(fd: number, bufs: Buffer[], position: number): Promise<number> {
+  return new Promise((resolve, reject) => fsWritev(fd, bufs, position, (err, n) => (err ? reject(err) : resolve(n))));
+}
+
+/**
+ * Write `bufs` back to back from position 0, WRITE_CHUNK_BYTES per pwritev at most (a
+ * segment's pieces are many: one call gathers several); on the event loop when they are at
+ * most SYNC_WRITE_BYTES in all, else in the thread pool.
+ */
+async function writeFully(fd: number, bufs: readonly Buffer[]): Promise<void> {
+  const sync = partsLength(bufs) <= SYNC_WRITE_BYTES;
   // Where the next write starts: bufs[i] at offset `off` (the file at `position`). A position,
   // not a shrinking copy of the list: a random writer's segment has thousands of pieces.
   let position = 0;
@@ -182,7 +233,7 @@ async function writeFully(fh: FileHandle, bufs: readonly Buffer[]): Promise<void
       if (n > 0) chunk.push(n === b.length ? b : b.subarray(o, o + n));
       room -= n;
     }
-    const { bytesWritten } = await fh.writev(chunk, position);
+    const bytesWritten = sync ? writevSync(fd, chunk, position) : await writevAsync(fd, chunk, position);
     position += bytesWritten;
     // A short write (rare: signals, quotas) continues after the last byte written.
     let skip = bytesWritten;
@@ -264,12 +315,13 @@ interface OpenedFile { fh: FileHandle; size: number }
  */
 interface OpenFile { fh: Promise<OpenedFile>; opened: OpenedFile | null; readers: number; lastUsed: number; used: boolean; forgotten: boolean }
 
+/** fsync a directory: opened and closed on the event loop, the fsync in the pool (writeFully's note). */
 async function fsyncDir(path: string): Promise<void> {
-  const fh = await open(path, fsc.O_RDONLY | fsc.O_DIRECTORY);
+  const fd = openSync(path, fsc.O_RDONLY | fsc.O_DIRECTORY);
   try {
-    await fh.sync();
+    await fsyncAsync(fd);
   } finally {
-    await fh.close();
+    closeSync(fd);
   }
 }
 
@@ -692,6 +744,56 @@ export class LocalDirObjectStore implements ObjectStore {
     return p;
   }
 
+  /** The temp made ahead for the next put (#takeTemp); null when none is (yet, or after close). */
+  #spareTemp: Promise<TempFile> | null = null;
+  #closed = false;
+
+  /**
+   * A new empty temp file for a put: the one made ahead, if any (awaited if it is still being
+   * made), and the next put's is started at once, off the event loop. Why ahead: creating a
+   * file is the one metadata call of a put that is slow (80-300 µs on this VM's ext4: its
+   * journal, against 2 µs on tmpfs), a quarter of a small flush's time when it sat on the
+   * flush's path (bench/README.md, issue 11, session 19). Each put still creates one file;
+   * only when it is created changes. Concurrent puts each take the one made ahead of them.
+   */
+  async #takeTemp(): Promise<TempFile> {
+    const ahead = this.#spareTemp;
+    this.#spareTemp = null;
+    if (!this.#closed) {
+      const next = this.#createTemp(true);
+      next.catch(() => { /* the put that takes it makes its own instead */ });
+      this.#spareTemp = next;
+    }
+    const t = ahead ? await ahead.catch(() => null) : null;
+    if (t !== null && Date.now() - t.made <= SPARE_TEMP_MAX_AGE_MS) return t;
+    if (t !== null) discardTemp(t);
+    return this.#createTemp();
+  }
+
+  /** A new temp file; `spare`: made ahead, removed again if the store closed meanwhile. */
+  async #createTemp(spare = false): Promise<TempFile> {
+    for (let attempt = 0; ; attempt++) {
+      const path = join(this.#tmpDir, `${process.pid}-${PROCESS_NONCE}-${randomBytes(8).toString('hex')}`);
+      try {
+        const fd = await openAsync(path, fsc.O_WRONLY | fsc.O_CREAT | fsc.O_EXCL, 0o644);
+        if (spare && this.#closed) {
+          // Made ahead in a store closed meanwhile: nothing will take it.
+          closeSync(fd);
+          unlinkSync0(path);
+          throw new Error('store closed');
+        }
+        return { path, fd, made: Date.now() };
+      } catch (err) {
+        // Someone removed .tmp/ (by hand): make it again.
+        if (errnoOf(err) === 'ENOENT' && attempt < PUT_RETRIES) {
+          await mkdir(this.#tmpDir, { recursive: true });
+          continue;
+        }
+        throw err;
+      }
+    }
+  }
+
   async #put(key: string, parts: readonly Buffer[], options?: PutOptions): Promise<void> {
     const { dir, dirSegs, file } = this.#paths(key);
     this.#forgetFile(key);
@@ -700,40 +802,25 @@ export class LocalDirObjectStore implements ObjectStore {
     const createOnly = options?.ifNoneMatch === true;
     try {
       await this.#prepareTmp();
-      let tmp = '';
+      const { path: tmp, fd } = await this.#takeTemp();
       let tmpGone = false;
-      let fh: FileHandle | undefined;
-      for (let attempt = 0; ; attempt++) {
-        tmp = join(this.#tmpDir, `${process.pid}-${PROCESS_NONCE}-${randomBytes(8).toString('hex')}`);
-        try {
-          fh = await open(tmp, fsc.O_WRONLY | fsc.O_CREAT | fsc.O_EXCL, 0o644);
-          break;
-        } catch (err) {
-          // Someone removed .tmp/ (by hand): make it again.
-          if (errnoOf(err) === 'ENOENT' && attempt < PUT_RETRIES) {
-            await mkdir(this.#tmpDir, { recursive: true });
-            continue;
-          }
-          throw err;
-        }
-      }
       try {
         try {
-          await writeFully(fh, [header, ...parts]);
-          await fh.datasync();
+          await writeFully(fd, [header, ...parts]);
+          await fdatasyncAsync(fd);
         } finally {
-          await fh.close();
+          closeSync(fd);
         }
         for (let attempt = 0; ; attempt++) {
           try {
             if (!this.#durableDirs.has(dir)) await this.#ensureDir(dirSegs);
             if (createOnly) {
-              await link(tmp, file);
+              linkSync(tmp, file);
               // At once, before anything else can fail: from here the temp is a second name
               // of the object, and deleting the object would not free it.
-              await unlink(tmp).catch(() => {});
+              try { unlinkSync(tmp); } catch { /* a sweep of .tmp/ removes it */ }
             } else {
-              await rename(tmp, file);
+              renameSync(tmp, file);
             }
             tmpGone = true;
             break;
@@ -917,5 +1004,10 @@ export class LocalDirObjectStore implements ObjectStore {
   async close(): Promise<void> {
     if (this.#sweepTimer) { clearTimeout(this.#sweepTimer); this.#sweepTimer = null; }
     for (const key of [...this.#open.keys()]) this.#forgetFile(key);
+    this.#closed = true;
+    const spare = this.#spareTemp;
+    this.#spareTemp = null;
+    const t = spare ? await spare.catch(() => null) : null;
+    if (t !== null) discardTemp(t);
   }
 }

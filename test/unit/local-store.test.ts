@@ -5,7 +5,9 @@
  * pieces (copied into the arena), and pack merging their extents again.
  */
 import test, { type ExecutionContext } from 'ava';
-import { mkdtemp, open, rm, readdir } from 'node:fs/promises';
+import fs from 'node:fs';
+import { syncBuiltinESMExports } from 'node:module';
+import { mkdtemp, rm, readdir, stat } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { BlockCache } from '../../src/cache.js';
@@ -36,12 +38,18 @@ function pattern(seed: number, len: number): Buffer {
   return b;
 }
 
-/** Open file descriptors of this process that point into `dir`. */
-async function openFilesUnder(dir: string): Promise<number> {
+/**
+ * Open file descriptors of this process that point into `dir`; without `temps`, not those in
+ * its `.tmp/` (the temp a store makes ahead for its next put is no kept file).
+ */
+async function openFilesUnder(dir: string, temps = false): Promise<number> {
   const { readlink } = await import('node:fs/promises');
   let n = 0;
   for (const fd of await readdir('/proc/self/fd')) {
-    try { if ((await readlink(`/proc/self/fd/${fd}`)).startsWith(dir)) n++; } catch { /* closed meanwhile */ }
+    try {
+      const target = await readlink(`/proc/self/fd/${fd}`);
+      if (target.startsWith(dir) && (temps || !target.startsWith(join(dir, '.tmp') + '/'))) n++;
+    } catch { /* closed meanwhile */ }
   }
   return n;
 }
@@ -169,21 +177,19 @@ test.serial('an object\'s body goes to its file WRITE_CHUNK_BYTES per system cal
   const sizes = [1, 4096, 300_000, 7, WRITE_CHUNK_BYTES, 5 * MiB + 3, 64 * 1024 - 1, 2 * WRITE_CHUNK_BYTES + 11];
   const parts = sizes.map((n, i) => pattern(100 + i, n));
   const whole = Buffer.concat(parts);
-  // Every pwritev of a FileHandle (the store writes object bodies through one), by its size.
-  const probe = await open(join(tmpdir(), `baton-writev-probe-${process.pid}`), 'w');
-  const proto = Object.getPrototypeOf(probe) as { writev: (bufs: Buffer[], position?: number) => Promise<{ bytesWritten: number }> };
-  await probe.close();
-  await rm(join(tmpdir(), `baton-writev-probe-${process.pid}`), { force: true });
-  const original = proto.writev;
+  // Every pwritev the store makes (fs.writev, or writevSync for a small body), by its size:
+  // node:fs's functions wrapped, and its named exports (what the store imports) synced to them.
   const calls: number[] = [];
-  proto.writev = function (this: unknown, bufs: Buffer[], position?: number) {
-    calls.push(bufs.reduce((a, b) => a + b.length, 0));
-    return original.call(this, bufs, position);
-  };
+  const originals = { writev: fs.writev, writevSync: fs.writevSync };
+  const count = (bufs: readonly NodeJS.ArrayBufferView[]): void => { calls.push(bufs.reduce((a, b) => a + b.byteLength, 0)); };
+  fs.writev = ((fd: number, bufs: NodeJS.ArrayBufferView[], ...rest: unknown[]) => { count(bufs); return (originals.writev as (...a: unknown[]) => void)(fd, bufs, ...rest); }) as typeof fs.writev;
+  fs.writevSync = ((fd: number, bufs: NodeJS.ArrayBufferView[], position?: number) => { count(bufs); return originals.writevSync(fd, bufs, position); }) as typeof fs.writevSync;
+  syncBuiltinESMExports();
   try {
     await store.local!.putParts('big', parts);
   } finally {
-    proto.writev = original;
+    Object.assign(fs, originals);
+    syncBuiltinESMExports();
   }
   t.true(calls.length >= Math.ceil(whole.length / WRITE_CHUNK_BYTES), `${calls.length} calls`);
   t.true(Math.max(...calls) <= WRITE_CHUNK_BYTES, `largest write ${Math.max(...calls)} bytes`);
@@ -211,7 +217,25 @@ test('kept files are bounded and closed by close()', async (t) => {
   t.true(open > 0 && open <= 128, `at most 128 files kept open (${open})`);
   await store.close();
   await new Promise((r) => setTimeout(r, 50)); // closes run in the background
-  t.is(await openFilesUnder(store.root), 0, 'close() closes every kept file');
+  t.is(await openFilesUnder(store.root, true), 0, 'close() closes every kept file, and the temp made ahead');
+});
+
+test('a put writes into the temp made ahead of it and makes the next one; close() removes the last', async (t) => {
+  const store = await tempStore(t);
+  const tmp = join(store.root, '.tmp');
+  await store.put('a/1', Buffer.from('one'));
+  const [spare] = await readdir(tmp);
+  t.truthy(spare, 'a temp made ahead for the next put');
+  const inode = (await stat(join(tmp, spare!))).ino;
+  await store.put('a/2', Buffer.from('two'), { ifNoneMatch: true });
+  t.is((await stat(join(store.root, 'a', '2@'))).ino, inode, 'the object is that file');
+  const after = await readdir(tmp);
+  t.is(after.length, 1);
+  t.not(after[0], spare, 'and the next put\'s is made');
+  t.is((await store.get('a/2')).toString(), 'two');
+  await store.close();
+  t.deepEqual(await readdir(tmp), []);
+  t.is(await openFilesUnder(store.root, true), 0);
 });
 
 test('decorators: the settings check passes local on, a fault layer hides it', async (t) => {

@@ -310,6 +310,7 @@ test('17: a temp file left by a crash (garbage, or a second name after the link)
   const first = new LocalDirObjectStore(dir);
   await first.put('vol/v/seg/1', Buffer.alloc(64 * 1024, 7), { ifNoneMatch: true });
   const tmp = join(dir, TMP_DIR);
+  await first.close(); // removes the temp it made ahead for its next put
   t.deepEqual(await readdir(tmp), [], 'the normal path leaves no temp behind');
 
   // What crashes leave: a second name of an object (crash between link and unlink), and a
@@ -329,6 +330,7 @@ test('17: a temp file left by a crash (garbage, or a second name after the link)
 
   const next = new LocalDirObjectStore(dir); // the next process
   await next.put('vol/v/seg/2', Buffer.from('x'));
+  await next.close();
   t.deepEqual((await readdir(tmp)).sort(), [`${process.pid}-${PROCESS_NONCE}-inflight`, `${process.ppid}-live`].sort());
   t.is((await stat(objectFile)).nlink, 1, 'deleting the object now frees it');
   await next.delete('vol/v/seg/1');
@@ -347,7 +349,11 @@ test('17: no path of a put leaves a temp file: plain, create-only, a refused cre
   await mkdir(join(dir, 'x'), { recursive: true });
   await writeFile(join(dir, 'x', 'y'), 'not a directory');
   await t.throwsAsync(s.put('x/y/z', Buffer.from('5')));
-  t.deepEqual(await readdir(join(dir, TMP_DIR)), []);
+  const live = await readdir(join(dir, TMP_DIR));
+  t.is(live.length, 1, 'only the temp made ahead for the next put');
+  t.true(live[0]!.startsWith(`${process.pid}-${PROCESS_NONCE}-`));
+  await s.close();
+  t.deepEqual(await readdir(join(dir, TMP_DIR)), [], 'and close() removes it');
   t.is((await s.get('a/b')).toString(), '2');
   t.is((await s.get('a/c')).toString(), '3');
 });
