@@ -11,10 +11,10 @@
  * into one request, and a sequential reader's readahead extends that request. Concurrent
  * misses of the same block share one fetch, and the fetched bytes serve every read that
  * waited for them whether or not they could be cached: a block is fetched once. The one
- * exception is a background fetch (prefetch(..., { background: true }): hydration's large
- * GETs): a read never waits for one alone. It sends its own GET for the blocks it needs and
- * takes whichever answers first (a hydration GET of 2 MiB among eight in flight can take many
- * times a 4 KiB one, and a mount's reads come one after another).
+ * exception is a background fetch (prefetch with `background`: hydration's large GETs): a
+ * read never waits for one alone. It sends its own GET for the blocks it needs and takes
+ * whichever answers first (where a request's bytes take the time, a 2 MiB GET among eight in
+ * flight takes many times a 256 KiB one, and a mount's reads come one after another).
  *
  * The cache is an optimisation and never a reason for a read to fail: a full or failing cache
  * disk is reported once and costs only speed (blocks come from the store until it works).
@@ -355,8 +355,8 @@ export class BlockCache {
           continue;
         }
         const pending = this.inflight.get(id);
-        if (pending && !this.background.has(pending)) { entries.push(null); fetches.push(pending); b++; continue; }
-        if (pending) {
+        if (pending !== undefined) {
+          if (!this.background.has(pending)) { entries.push(null); fetches.push(pending); b++; continue; }
           // Blocks a background fetch is bringing: this read's own GET for them (and any
           // missing ones between), raced against that fetch per block (top of the file).
           const others: (Promise<Fetched> | undefined)[] = [pending];

@@ -167,13 +167,15 @@ export const WRITE_CHUNK_BYTES = 256 * 1024;
 /**
  * A put's calls to the file system, and where each runs. The waits for the disk (fdatasync,
  * fsync) and the writes of large bodies go to libuv's thread pool, so the event loop serves
- * other requests meanwhile. The metadata calls (create the temp, close, link, unlink, rename,
- * open a directory) and the write of a small body (a log record) are made on the event loop:
- * each costs microseconds (no wait for the disk: the journal takes them in memory), where a
- * trip through the pool costs tens, and a small flush's put made nine such trips one after
- * another (fio 4 KiB write + FLUSH at QD1 on a `file:` volume: 691 pairs/s against nbdkit
- * file's 3,619; bench/README.md, issue 11). A call that does wait on the event loop (a journal
- * that is full) holds every volume of this process for as long: the price of a local store.
+ * other requests meanwhile; so does the temp file's creation, made ahead of the put
+ * (#takeTemp), since it is slow. The other metadata calls (close, link, unlink, rename, open a
+ * directory) and the write of a small body (a log record) are made on the event loop: each
+ * costs microseconds (no wait for the disk: the journal takes them in memory), where a trip
+ * through the pool costs tens, and a small flush's put made nine trips one after another
+ * (fio 4 KiB write + FLUSH at QD1 on a `file:` volume: 691 pairs/s against nbdkit file's
+ * 3,619; bench/README.md, issue 11, session 19). A call that does wait on the event loop (a
+ * journal that is full) holds every volume of this process for as long: the price of a local
+ * store, which already reads on the event loop (#readOpened).
  */
 const SYNC_WRITE_BYTES = 64 * 1024;
 
@@ -186,10 +188,10 @@ const SPARE_TEMP_MAX_AGE_MS = STALE_TMP_MS / 4;
 /** Close and remove a temp no put will use. */
 function discardTemp(t: TempFile): void {
   try { closeSync(t.fd); } catch { /* closed */ }
-  unlinkSync0(t.path);
+  unlinkQuietly(t.path);
 }
 
-function unlinkSync0(path: string): void {
+function unlinkQuietly(path: string): void {
   try { unlinkSync(path); } catch { /* gone already, or left for the sweep */ }
 }
 
@@ -779,7 +781,7 @@ export class LocalDirObjectStore implements ObjectStore {
         if (spare && this.#closed) {
           // Made ahead in a store closed meanwhile: nothing will take it.
           closeSync(fd);
-          unlinkSync0(path);
+          unlinkQuietly(path);
           throw new Error('store closed');
         }
         return { path, fd, made: Date.now() };
@@ -818,7 +820,7 @@ export class LocalDirObjectStore implements ObjectStore {
               linkSync(tmp, file);
               // At once, before anything else can fail: from here the temp is a second name
               // of the object, and deleting the object would not free it.
-              try { unlinkSync(tmp); } catch { /* a sweep of .tmp/ removes it */ }
+              unlinkQuietly(tmp); // (if it fails: a later sweep of .tmp/ removes it)
             } else {
               renameSync(tmp, file);
             }
