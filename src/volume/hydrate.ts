@@ -19,7 +19,7 @@
  * - Guest reads never wait behind it: they go to the block cache directly and fetch what they
  *   miss with their own GETs at once (hydration's queue is only ever drained by its own
  *   workers). A read that needs a block a hydration GET is already bringing does not wait for
- *   that GET alone either: hydration's GETs are background fetches (BlockCache.prefetch), so
+ *   that GET alone either: hydration's GETs are background fetches (BlockCache.prefetch's flag), so
  *   the read sends its own for the blocks it needs and takes whichever answers first. Where a
  *   request's bytes, not its first byte, take the time (a store at the end of a slow link), a
  *   2 MiB GET among a full window of them takes many times one of 256 KiB, and a mount reads
