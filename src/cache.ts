@@ -354,19 +354,18 @@ export class BlockCache {
           b++;
           continue;
         }
+        const shared = this.sharedFetch(id);
+        if (shared !== undefined) { entries.push(null); fetches.push(shared); b++; continue; }
         const pending = this.inflight.get(id);
         if (pending !== undefined) {
-          if (!this.background.has(pending)) { entries.push(null); fetches.push(pending); b++; continue; }
           // Blocks a background fetch is bringing: this read's own GET for them (and any
           // missing ones between), raced against that fetch per block (top of the file).
           const others: (Promise<Fetched> | undefined)[] = [pending];
           let runEnd = b;
           for (; runEnd < last; runEnd++) {
             const id1 = BlockCache.id(key, runEnd + 1);
-            if (this.index.has(id1)) break;
-            const p1 = this.inflight.get(id1);
-            if (p1 && !this.background.has(p1)) break;
-            others.push(p1);
+            if (this.index.has(id1) || this.sharedFetch(id1) !== undefined) break;
+            others.push(this.inflight.get(id1));
           }
           this.stats.misses += runEnd - b + 1;
           this.stats.raced++;
@@ -527,11 +526,15 @@ export class BlockCache {
     const end = Math.min(offset + length, objectSize);
     for (let b = Math.floor(offset / CACHE_BLOCK), last = Math.floor((end - 1) / CACHE_BLOCK); b <= last; b++) {
       const id = BlockCache.id(key, b);
-      if (this.index.has(id)) continue;
-      const p = this.inflight.get(id);
-      if (!p || this.background.has(p)) return true;
+      if (!this.index.has(id) && this.sharedFetch(id) === undefined) return true;
     }
     return false;
+  }
+
+  /** The fetch bringing block `id` that a read waits for instead of sending its own: one in flight, not a background one. */
+  private sharedFetch(id: string): Promise<Fetched> | undefined {
+    const p = this.inflight.get(id);
+    return p === undefined || this.background.has(p) ? undefined : p;
   }
 
   /** Block `block` of `key` is neither cached nor being fetched. */

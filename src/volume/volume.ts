@@ -978,7 +978,8 @@ export class Volume implements BlockBackend {
    * readObject's reads that need no wait (readStoredNow), checked as readObject checks them:
    * a raw object's range; part of one frame in blocks (planBlockRead), its crc entries (or
    * the ones remembered after an earlier check: rememberBlockCrcs) and blocks read into
-   * nowScratch and checked there (copyFromBlocks) before a byte reaches `out`; whole frames too: a local file's raw ones read straight into `out` and checked
+   * nowScratch and checked there (copyFromBlocks) before a byte reaches `out`; whole frames
+   * too: a local file's raw ones read straight into `out` and checked
    * there (planDirectRead, as readObject does), others read into a scratch buffer and decoded
    * (copyFromFrames). False when it would wait, when the volume is encrypted and its keys are
    * not here, or when a check failed (read() reads it again and reports it; `out` may hold
