@@ -6,6 +6,7 @@
  * in process; a wrapping store counts, orders and holds GETs.
  */
 import test, { type ExecutionContext } from 'ava';
+import * as crypto from 'node:crypto';
 import * as fsp from 'node:fs/promises';
 import * as os from 'node:os';
 import * as path from 'node:path';
@@ -15,7 +16,7 @@ import { CorruptError } from '../../src/errors.js';
 import { VolumeExports } from '../../src/exports.js';
 import { LocalLeaseManager } from '../../src/lease/local.js';
 import { silentLogger, type Logger } from '../../src/log.js';
-import { InstrumentedObjectStore, seededRandom } from '../../src/store/decorators.js';
+import { InstrumentedObjectStore } from '../../src/store/decorators.js';
 import { MemoryObjectStore } from '../../src/store/memory.js';
 import { listAll, type ByteRange, type ListOptions, type ObjectInfo, type ObjectStore, type PutOptions } from '../../src/store/object-store.js';
 import { StoreCatalog } from '../../src/volume/catalog.js';
@@ -29,11 +30,16 @@ const MiB = 1024 * KiB;
 const CHUNK = WORKING_SET_CHUNK;
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
 
+/**
+ * `len` pseudo-random bytes named by `seed` (the same seed gives the same bytes; a shorter call
+ * gives a prefix): an AES-CTR keystream, native code. A byte-at-a-time JS loop held the event
+ * loop for up to 0.8 s per 16-24 MiB pattern on a loaded 2-core CI machine, long enough to lose
+ * a 1.5 s lease in a test running beside it.
+ */
 function pattern(seed: number, len: number): Buffer {
-  const r = seededRandom(seed);
-  const b = Buffer.allocUnsafe(len);
-  for (let i = 0; i < len; i++) b[i] = Math.floor(r() * 256);
-  return b;
+  const key = Buffer.alloc(16);
+  key.writeDoubleLE(seed);
+  return crypto.createCipheriv('aes-128-ctr', key, Buffer.alloc(16)).update(Buffer.alloc(len));
 }
 
 async function until(cond: () => boolean | Promise<boolean>, timeoutMs = 5000): Promise<boolean> {
@@ -713,7 +719,10 @@ test('a served volume under a lease: hydration state is published for baton stat
   const mem = new MemoryObjectStore();
   const { sizes } = await volumeOfChunks(mem, 8);
   const dir = await leaseDir(t);
-  const leases = new LocalLeaseManager(dir, { ttlMs: 1500 });
+  // Renewals every second, each with 1.4 s to spare before the lease is given up (a 1.5 s TTL
+  // left 0.5 s: a loaded CI machine's event loop lagged that long while a test beside this one
+  // ran; the volume was then fenced and its status never published).
+  const leases = new LocalLeaseManager(dir, { ttlMs: 3000 });
   t.teardown(() => leases.close());
   const inst = new InstrumentedObjectStore(mem);
   const h = host(inst);
@@ -728,7 +737,7 @@ test('a served volume under a lease: hydration state is published for baton stat
   t.is(st.fetchedBytes, sizes.reduce((a, b) => a + b, 0));
   t.true(st.planned);
   inst.reset();
-  await sleep(2000); // lease renewals and status updates run meanwhile
+  await sleep(2500); // lease renewals and status updates run meanwhile
   t.is(inst.stats().total.requests, 0, 'no store request from an idle, hydrated volume');
   handle.release();
 });
