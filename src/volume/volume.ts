@@ -18,6 +18,8 @@
  *   committed pieces through the local block cache.
  * - Memory is bounded: past `dirtySoftLimit` a background commit starts; past
  *   `dirtyHardLimit` writes wait (in arrival order) until a commit frees memory.
+ * - Guest mutations (write, trim, zero) take effect in the order they were called, waiting or
+ *   not (see admitThen): overlapping writes of one burst end as the last one sent.
  * - TRIM and WRITE_ZEROES are map operations: no zero bytes are uploaded.
  * - Nothing runs on a timer: an idle volume makes no store requests.
  * - Fencing: a create-only put that finds its log position taken by a record with another
@@ -52,6 +54,13 @@ import {
 import { ENCODE_SLICE, FRAME_BYTES, compressionAvailable, concatInSlices, copyFromBlocks, copyFromFrames, encodeObject, finishDirectRead, forgetBlockCrcs, planBlockRead, planDirectRead, rememberBlockCrcs, rememberedBlockCrcs, lengthsToString, type BlockRead, type EncodeOptions, type FrameIndex, type FrameKeys } from './frames.js';
 
 /** The lease token is not above the highest one in the log: re-acquire with `minToken`. */
+/** A guest mutation waiting for room in the write buffer (Volume.admitThen). */
+interface WriteWaiter {
+  apply(): void;
+  resolve(): void;
+  reject(err: unknown): void;
+}
+
 export class StaleTokenError extends BatonError {
   constructor(readonly minToken: number, message: string) { super('BATON_ERR_LEASE_LOST', message); }
 }
@@ -373,7 +382,7 @@ export class Volume implements BlockBackend {
   private lastRecordId: string | undefined = '';
   private fencedError: FencedError | null = null;
   private closed = false;
-  private readonly writeWaiters: (() => void)[] = [];
+  private readonly writeWaiters: WriteWaiter[] = [];
   /**
    * Where recent reads ended, and how long a sequential run each ended: a read starting at
    * one of them continues a sequential reader, however its requests interleave with others
@@ -1368,18 +1377,46 @@ export class Volume implements BlockBackend {
     return n;
   }
 
-  /** Writes wait here, in arrival order, while buffered data is over the hard limit. */
-  private async admit(): Promise<void> {
-    if (this.writeWaiters.length === 0 && this.heldBytes < this.hardLimit) return;
-    await new Promise<void>((resolve) => {
-      this.writeWaiters.push(resolve);
-      this.kickCommit();
-    });
-    this.checkWritable();
+  /** A mutation may take effect now: no earlier one waits, and buffered data is under the hard limit. */
+  private admitsNow(): boolean {
+    return this.writeWaiters.length === 0 && this.heldBytes < this.hardLimit;
   }
 
+  /**
+   * Admission of a guest mutation, and the order mutations take effect in. `apply` (the
+   * mutation itself: synchronous, throws nothing) runs before this returns when admitsNow();
+   * the result is then null. Otherwise it waits in writeWaiters and wakeWriters runs it, after
+   * every earlier waiter's, before anything called later can apply (a later call finds the
+   * queue non-empty and queues behind it): the promise settles once it ran, or rejects without
+   * running it if the volume was fenced, closed or handed over meanwhile.
+   *
+   * Why apply is run here, not by the caller after an await: a mutation applied a microtask
+   * after its admission could land after one called later that did not wait (writeNow, or
+   * writeLent under the limit), and overlapping writes of one burst would end as the earlier
+   * one (the protocol fuzzer found exactly that once the session's request loop stopped
+   * awaiting between requests).
+   */
+  private admitThen(apply: () => void): Promise<void> | null {
+    if (this.admitsNow()) { apply(); return null; }
+    return new Promise<void>((resolve, reject) => {
+      this.writeWaiters.push({ apply, resolve, reject });
+      this.kickCommit();
+    });
+  }
+
+  /** Run waiting mutations in arrival order while there is room (or refuse them all once the volume can no longer write). */
   private wakeWriters(): void {
-    while (this.writeWaiters.length > 0 && (this.heldBytes < this.hardLimit || this.fencedError || this.closed)) this.writeWaiters.shift()!();
+    while (this.writeWaiters.length > 0 && (this.heldBytes < this.hardLimit || this.fencedError || this.closed)) {
+      const w = this.writeWaiters.shift()!;
+      try {
+        this.checkWritable();
+      } catch (err) {
+        w.reject(err);
+        continue;
+      }
+      w.apply(); // grows heldBytes: the loop stops again at the hard limit
+      w.resolve();
+    }
   }
 
   /** `data` is copied (as writeLent's pieces are): the caller may reuse it. */
@@ -1402,13 +1439,15 @@ export class Volume implements BlockBackend {
     let length = 0;
     for (const c of chunks) length += c.length;
     const { pieces, pinned } = this.copyPieces(chunks, length);
-    try {
-      await this.admit();
-    } catch (err) {
-      for (const c of pinned) this.releaseChunk(c);
-      throw err;
+    const waiting = this.admitThen(() => this.absorb(offset, length, pieces, pinned));
+    if (waiting) {
+      try {
+        await waiting;
+      } catch (err) {
+        for (const c of pinned) this.releaseChunk(c);
+        throw err;
+      }
     }
-    this.absorb(offset, length, pieces, pinned);
     if (fua) await this.flush();
   }
 
@@ -1420,7 +1459,7 @@ export class Volume implements BlockBackend {
    * means buffered, as ever; only a FLUSH (or FUA) makes it durable.
    */
   writeNow(offset: number, chunks: readonly Buffer[]): boolean {
-    if (this.writeWaiters.length > 0 || this.heldBytes >= this.hardLimit) return false;
+    if (!this.admitsNow()) return false;
     this.checkWritable();
     let length = 0;
     for (const c of chunks) length += c.length;
@@ -1525,20 +1564,22 @@ export class Volume implements BlockBackend {
 
   async trim(offset: number, length: number, fua: boolean): Promise<void> {
     this.checkWritable();
-    await this.admit();
-    this.dirty.set(offset, length, HOLE);
-    this.dirtyBytes += length; // uncommitted work like written bytes (see dirtyBytes)
-    this.afterMutation();
+    await this.admitThen(() => {
+      this.dirty.set(offset, length, HOLE);
+      this.dirtyBytes += length; // uncommitted work like written bytes (see dirtyBytes)
+      this.afterMutation();
+    });
     if (fua) await this.flush();
   }
 
   async zero(offset: number, length: number, o: ZeroOptions): Promise<void> {
     this.checkWritable();
     // Zeroing is a map operation, always faster than writing: FAST_ZERO never has to refuse.
-    await this.admit();
-    this.dirty.set(offset, length, o.mayTrim ? HOLE : ZERO);
-    this.dirtyBytes += length;
-    this.afterMutation();
+    await this.admitThen(() => {
+      this.dirty.set(offset, length, o.mayTrim ? HOLE : ZERO);
+      this.dirtyBytes += length;
+      this.afterMutation();
+    });
     if (o.fua) await this.flush();
   }
 
@@ -2074,7 +2115,9 @@ export class Volume implements BlockBackend {
     });
     let rewritten = 0;
     await mapLimit(pieces, 8, async (p) => {
-      await this.admit();
+      // Waits its turn with the guest's writes (memory stays bounded); what it rewrites is
+      // checked against the map when its bytes are back, so its own order does not matter.
+      await this.admitThen(() => {});
       this.checkWritable();
       const buf = Buffer.allocUnsafe(p.length);
       await this.readObject(p.key, p.size, p.fr, p.off, p.length, buf, 0, 0);

@@ -271,6 +271,54 @@ test('writeNow takes a write on the spot only while admit() would not wait; else
   t.throws(() => v.writeNow(0, [Buffer.alloc(4096)]), { instanceOf: ShutdownError }, 'a closed volume refuses on the spot, as writeLent does');
 });
 
+test('guest mutations take effect in the order they were called, whether they waited for room or not: overlapping writes of one burst end as the last one', async (t) => {
+  const faulty = new FaultyObjectStore(new MemoryObjectStore(), { latencyMs: 20 });
+  const { open } = await setup(faulty, 512 * MiB, { dirtySoftLimit: 1 * MiB, dirtyHardLimit: 2 * MiB, segmentBytes: MiB });
+  const v = await open();
+  const K = 4096;
+  const A = Buffer.alloc(K, 0xa1);
+  const B = Buffer.alloc(K, 0xb2);
+  const C = Buffer.alloc(K, 0xc3);
+  const D = Buffer.alloc(K, 0xd4);
+  // Under the limit, as a session's burst calls them (nothing awaited in between): a FUA
+  // write, trim and zero, each followed by a plain write of the same range taken on the spot.
+  const calls: Promise<void>[] = [];
+  calls.push(v.writeLent(0, [A], true));
+  t.true(v.writeNow(0, [B]));
+  calls.push(v.trim(2 * K, K, false));
+  t.true(v.writeNow(2 * K, [C]));
+  calls.push(v.zero(4 * K, K, { fua: false, mayTrim: false, fastZero: false }));
+  t.true(v.writeNow(4 * K, [D]));
+  await Promise.all(calls);
+  same(t, await v.read(0, K), B, 'the plain write after the FUA write');
+  same(t, await v.read(2 * K, K), C, 'the write after the trim');
+  same(t, await v.read(4 * K, K), D, 'the write after the zero');
+  // Over the hard limit: every call waits; they take effect in call order, and a write taken
+  // on the spot is refused while an earlier one waits.
+  const waits: Promise<void>[] = [];
+  for (let i = 0; i < 80; i++) waits.push(v.writeLent(64 * MiB + i * 512 * 1024, [pattern(3000 + i, 512 * 1024)], false));
+  const held = (): number => { const st = v.stats(); return st.dirtyBytes + st.sealedBytes; };
+  t.true(held() >= 33 * MiB, 'at the hard limit');
+  const last = [Buffer.alloc(K, 0x01), Buffer.alloc(K, 0x02), Buffer.alloc(K, 0x03)];
+  waits.push(v.writeLent(8 * K, [last[0]!], true));
+  waits.push(v.zero(8 * K, K, { fua: false, mayTrim: true, fastZero: false }));
+  waits.push(v.writeLent(8 * K, [last[1]!], false));
+  t.false(v.writeNow(8 * K, [last[2]!]), 'refused: earlier writes wait');
+  waits.push(v.trim(10 * K, K, false));
+  waits.push(v.writeLent(10 * K, [last[2]!], false));
+  await Promise.all(waits);
+  same(t, await v.read(8 * K, K), last[1]!, 'the last of write, zero, write');
+  same(t, await v.read(10 * K, K), last[2]!, 'the write after the trim');
+  await v.flush();
+  const v2 = await open();
+  same(t, await v2.read(0, K), B);
+  same(t, await v2.read(2 * K, K), C);
+  same(t, await v2.read(4 * K, K), D);
+  same(t, await v2.read(8 * K, K), last[1]!);
+  same(t, await v2.read(10 * K, K), last[2]!);
+  await v.close();
+});
+
 test('takeover: the new holder\'s record fences the old holder, whatever it still sends', async (t) => {
   const store = new MemoryObjectStore();
   const { open } = await setup(store);
