@@ -15,6 +15,9 @@ import * as path from 'node:path';
 import type { BlockBackend, ExportHandle, ExportProvider, ExportSummary, Extent, ZeroOptions } from '../../nbd/backend.js';
 import { DEFAULT_SESSION_OPTIONS, NbdSession, type SessionOptions } from '../../nbd/session.js';
 import { MemoryBackend } from '../../src/backends/memory.js';
+import { BlockCache } from '../../src/cache.js';
+import { MemoryObjectStore } from '../../src/store/memory.js';
+import { StoreCatalog } from '../../src/volume/catalog.js';
 import { NotFoundError } from '../../src/errors.js';
 import { silentLogger } from '../../src/log.js';
 import * as V from '../fixtures/nbd-vectors.js';
@@ -880,6 +883,40 @@ test('WRITEs without FUA a backend takes on the spot (writeNow); FUA, and a fals
   t.deepEqual(provider.disk.readSync(65_536, 4096), b);
   t.deepEqual(provider.disk.readSync(NOW_WAITS + 4096, 4096), c);
   t.deepEqual(provider.disk.readSync(NOW_THROWS, 4096), Buffer.alloc(4096), 'the failed write left nothing');
+});
+
+test('a burst of overlapping WRITEs (FUA, plain, WRITE_ZEROES, TRIM) into a volume ends as the last one sent: requests take effect in arrival order', async (t) => {
+  const catalog = new StoreCatalog({ store: new MemoryObjectStore(), log: silentLogger(), cache: () => BlockCache.open({ capacityBytes: 16 * SIZE }) });
+  await catalog.create('v', 16 * SIZE);
+  const handle = await catalog.open('v', { readOnly: false });
+  t.teardown(() => handle.close());
+  const provider = new TestExports();
+  provider.exports.set('disk', { backend: handle.backend, description: 'a volume' });
+  const { client } = await start(t, {}, provider);
+  await negotiate(t, client);
+  const K = 4096;
+  const a = pattern(31, K);
+  const b = pattern(32, K);
+  const c = pattern(33, K);
+  // One socket write: the session reads these requests together and calls the volume for
+  // each before any reply; the volume answers some on the spot and others after a wait.
+  const frames: Buffer[] = [];
+  const add = (r: V.RequestFields, payload?: Buffer): void => { client.track(r); frames.push(V.requestFrame(r)); if (payload) frames.push(payload); };
+  add(rq(CMD.WRITE, 0, K, F.FUA), a);
+  add(rq(CMD.WRITE, 0, K), b); // ends as b
+  add(rq(CMD.WRITE, K, K), a);
+  add(rq(CMD.WRITE_ZEROES, K, K, F.FUA)); // ends as zeroes
+  add(rq(CMD.TRIM, 2 * K, K));
+  add(rq(CMD.WRITE, 2 * K, K), c); // ends as c
+  add(rq(CMD.WRITE, 3 * K, K, F.FUA), a);
+  add(rq(CMD.WRITE, 3 * K, K, F.FUA), c); // ends as c
+  add(rq(CMD.WRITE, 3 * K, K), b); // no: ends as b
+  client.write(Buffer.concat(frames));
+  for (let i = 0; i < 9; i++) t.is((await client.reply()).error, 0);
+  client.send(rq(CMD.READ, 0, 4 * K));
+  const r = await client.reply();
+  t.is(r.error, 0);
+  t.deepEqual(r.data, Buffer.concat([b, Buffer.alloc(K), c, b]));
 });
 
 test('structured READ out of range: an ERROR chunk (0x8001-style, DONE, EINVAL), not a simple reply', async (t) => {
