@@ -12,8 +12,34 @@ import { IoError } from '../errors.js';
 
 const ZERO_CHUNK = Buffer.alloc(1024 * 1024);
 
+/** A write or zero in flight: its byte range, and a promise that settles (never rejects) when it is done. */
+interface Mutation { start: number; end: number; settled: Promise<unknown> }
+
 export class FileBackend implements BlockBackend {
+  /**
+   * Writes and zeroes in flight. The backend contract says writes apply in call order, and
+   * libuv's thread pool runs the pwrites of two calls in whichever order its threads get to
+   * them: a call that overlaps one in flight starts once that one is done (others start at
+   * once, so disjoint writes still run in parallel).
+   */
+  private readonly inflight = new Set<Mutation>();
+
   private constructor(private readonly fh: fsp.FileHandle, readonly size: number, readonly readOnly: boolean, private readonly path: string) {}
+
+  /** Run `op` on [offset, offset + length) after every earlier mutation of an overlapping range. */
+  private async ordered(offset: number, length: number, op: () => Promise<void>): Promise<void> {
+    const end = offset + length;
+    const earlier: Promise<unknown>[] = [];
+    for (const m of this.inflight) if (m.start < end && offset < m.end) earlier.push(m.settled);
+    const run = earlier.length === 0 ? op() : Promise.all(earlier).then(op);
+    const m: Mutation = { start: offset, end, settled: run.catch(() => {}) };
+    this.inflight.add(m);
+    try {
+      await run;
+    } finally {
+      this.inflight.delete(m);
+    }
+  }
 
   static async open(path: string, size: number, readOnly = false): Promise<FileBackend> {
     try {
@@ -43,14 +69,16 @@ export class FileBackend implements BlockBackend {
   }
 
   async write(offset: number, data: Buffer, fua: boolean): Promise<void> {
-    try {
-      let done = 0;
-      while (done < data.length) {
-        const { bytesWritten } = await this.fh.write(data, done, data.length - done, offset + done);
-        done += bytesWritten;
-      }
-      if (fua) await this.fh.datasync();
-    } catch (err) { this.wrap('write', err); }
+    await this.ordered(offset, data.length, async () => {
+      try {
+        let done = 0;
+        while (done < data.length) {
+          const { bytesWritten } = await this.fh.write(data, done, data.length - done, offset + done);
+          done += bytesWritten;
+        }
+      } catch (err) { this.wrap('write', err); }
+    });
+    if (fua) await this.flush();
   }
 
   async flush(): Promise<void> {
@@ -60,16 +88,18 @@ export class FileBackend implements BlockBackend {
   async trim(): Promise<void> {}
 
   async zero(offset: number, length: number, options: ZeroOptions): Promise<void> {
-    try {
-      let pos = offset;
-      const end = offset + length;
-      while (pos < end) {
-        const n = Math.min(ZERO_CHUNK.length, end - pos);
-        await this.fh.write(ZERO_CHUNK, 0, n, pos);
-        pos += n;
-      }
-      if (options.fua) await this.fh.datasync();
-    } catch (err) { this.wrap('zero', err); }
+    await this.ordered(offset, length, async () => {
+      try {
+        let pos = offset;
+        const end = offset + length;
+        while (pos < end) {
+          const n = Math.min(ZERO_CHUNK.length, end - pos);
+          await this.fh.write(ZERO_CHUNK, 0, n, pos);
+          pos += n;
+        }
+      } catch (err) { this.wrap('zero', err); }
+    });
+    if (options.fua) await this.flush();
   }
 
   async blockStatus(_offset: number, length: number, _maxExtents: number): Promise<Extent[]> {
