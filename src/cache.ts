@@ -28,6 +28,7 @@ import { randomBytes } from 'node:crypto';
 import { Slots } from './slots.js';
 import { WRITE_CHUNK_BYTES } from './store/local-dir.js';
 import type { ObjectStore } from './store/object-store.js';
+import type { BodyHold } from './volume/body-pool.js';
 
 export const CACHE_BLOCK = 256 * 1024;
 /** Largest single ranged GET (coalesced misses + readahead). */
@@ -240,11 +241,16 @@ export class BlockCache {
 
   private static id(key: string, block: number): string { return `${key}#${block}`; }
 
-  /** Put a whole object's bytes in the cache (write-through after an upload). */
-  insertObject(key: string, data: Buffer): void {
+  /**
+   * Put a whole object's bytes in the cache (write-through after an upload). With `hold`
+   * (a pooled body: src/volume/body-pool.ts), each block kept holds it once until that
+   * block's slab write succeeded and its view of `data` is gone; a block whose write failed
+   * keeps its view for its readers and never lets go.
+   */
+  insertObject(key: string, data: Buffer, hold?: BodyHold): void {
     for (let b = 0; b * CACHE_BLOCK < data.length; b++) {
       const from = b * CACHE_BLOCK;
-      this.insertBlock(key, b, data.subarray(from, Math.min(from + CACHE_BLOCK, data.length)));
+      this.insertBlock(key, b, data.subarray(from, Math.min(from + CACHE_BLOCK, data.length)), hold);
     }
   }
 
@@ -252,7 +258,7 @@ export class BlockCache {
    * Cache one block (best effort: a full cache whose blocks are all being read, or a failing
    * disk, leaves it out). `data` must not change afterwards; it is kept until written.
    */
-  private insertBlock(key: string, block: number, data: Buffer): Promise<void> | undefined {
+  private insertBlock(key: string, block: number, data: Buffer, hold?: BodyHold): Promise<void> | undefined {
     const id = BlockCache.id(key, block);
     if (this.index.has(id)) return undefined;
     let slot: number;
@@ -273,9 +279,11 @@ export class BlockCache {
       after = victim.ready;
     }
     const entry: Entry = { slot, length: data.length, data, ready: Promise.resolve(), readers: 0, dropped: false };
+    hold?.acquire();
     entry.ready = after.then(() => this.slab.write(slot, data)).then(
       () => {
         entry.data = null;
+        hold?.release(); // the slab has the bytes and no reader can reach this view any more
         this.diskWorks();
       },
       (err: unknown) => {

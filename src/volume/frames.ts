@@ -46,6 +46,7 @@
  * plaintext objects only.)
  */
 
+import { strict as assert } from 'node:assert';
 import { createCipheriv, createDecipheriv } from 'node:crypto';
 import { createRequire } from 'node:module';
 import { crc32 as zlibCrc32 } from 'node:zlib';
@@ -401,10 +402,11 @@ export async function encodeObject(objectKey: string, parts: readonly Buffer[], 
  * turns the longest the loop had: 2.1 s of the 6.2 s of busy stretches of 30 ms or more in a
  * profile of a 1 GiB `nbdcopy --flush` to radosgw (bench/volume.ts, the stall probe). The
  * pieces must not change until it returns (they are a sealed layer's arena views and encoded
- * frames, as for encodeObject).
+ * frames, as for encodeObject). With `into` (exactly `size` bytes: a pooled body), the bytes go there.
  */
-export async function concatInSlices(pieces: readonly Buffer[], size: number, pause: () => Promise<void>): Promise<Buffer> {
-  const out = Buffer.allocUnsafe(size);
+export async function concatInSlices(pieces: readonly Buffer[], size: number, pause: () => Promise<void>, into?: Buffer): Promise<Buffer> {
+  assert(into === undefined || into.length === size, 'concatInSlices fills exactly `size` bytes');
+  const out = into ?? Buffer.allocUnsafe(size);
   let at = 0;
   let sincePause = 0;
   for (const p of pieces) {

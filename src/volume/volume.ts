@@ -42,6 +42,7 @@ import { randomId, systemWorld, turnBudget, type TimerHandle, type World } from 
 import type { Logger } from '../log.js';
 import { Hydration, type HydrateOptions, type HydrationStatus, type ObjectPiece } from './hydrate.js';
 import { WorkingSet } from './working-set.js';
+import { BodyPool, type BodyLease } from './body-pool.js';
 import { DurationHistogram } from '../histogram.js';
 import { Slots } from '../slots.js';
 import { PUT_ID_META } from '../store/decorators.js';
@@ -189,7 +190,7 @@ interface CommitAttempt {
    * Its segments: `logical` bytes in `parts` until upload encodes them (framed: `parts`
    * become the frames, `size` their stored bytes; raw: `size` = `logical`).
    */
-  segments: { key: string; size: number; logical: number; body?: Buffer; parts: Buffer[]; frames?: Uint32Array }[];
+  segments: { key: string; size: number; logical: number; body?: Buffer; bodyLease?: BodyLease | null; parts: Buffer[]; frames?: Uint32Array }[];
   /** Framed attempts: the inline data's logical parts (encoded in upload into the record). */
   inlineParts: Buffer[] | null;
   /** The sealed layer it commits (its `attempt` while this attempt lives; sealed[0] when it publishes). */
@@ -293,6 +294,12 @@ const LOCAL_READS_AT_ONCE = 16;
  * the chunk it was filling plus a burst's free ones (5 MiB per open idle volume before).
  */
 const ARENA_IDLE_KEEP = 1;
+
+/**
+ * A volume with nothing buffered for this long lets go of its free segment bodies (body-pool.ts):
+ * a writer that flushes every few seconds keeps reusing them, an idle volume holds none.
+ */
+const BODY_IDLE_MS = 2000;
 /** How many recent read ends the sequential-reader detection keeps (Volume.readEnds). */
 const READ_ENDS_KEPT = 256;
 /** Sequential prefetch (Volume.prefetchAhead): from this streak on, this far ahead, this much at a time. */
@@ -375,6 +382,10 @@ export class Volume implements BlockBackend {
   private nextCommit: Deferred | null = null;
   /** Segment uploads in flight over all attempts (at most uploadConcurrency), and the ones waiting, oldest attempt first. */
   private readonly uploadSlots: Slots;
+  /** Segment bodies in reused memory (body-pool.ts says when a body may be reused). */
+  private readonly bodies: BodyPool;
+  /** Armed while nothing is buffered: lets go of the free bodies after BODY_IDLE_MS (never a store request). */
+  private bodyIdleTimer: TimerHandle | null = null;
   /**
    * The id of the log record at nextSeq - 1 as this volume applied it ('' before a volume's
    * first record; undefined when unknown: v1 records and checkpoints). See "The log is a chain".
@@ -441,6 +452,9 @@ export class Volume implements BlockBackend {
     this.checkpointEvery = opts.checkpointEvery ?? 64;
     this.checkpointRangeBytes = opts.checkpointRangeBytes ?? CHECKPOINT_RANGE_BYTES;
     this.uploadSlots = new Slots(opts.uploadConcurrency ?? 16);
+    // A segment's stored bytes exceed its logical ones by its frames' headers and checks (well
+    // under 1 %); a longer body is allocated on its own.
+    this.bodies = new BodyPool(this.segmentBytes + Math.ceil(this.segmentBytes / 64) + 4096, opts.uploadConcurrency ?? 16);
     this.viewMaxAgeMs = timeBounds(opts.maxOperationMs ?? maxOperationMs()).viewMaxAgeMs;
     this.data = dataSettings(record);
     this.frameKeys = opts.frameKeys ?? null;
@@ -1550,6 +1564,13 @@ export class Volume implements BlockBackend {
    */
   private releaseIdleArena(): void {
     if (this.heldBytes !== 0) return;
+    if (this.bodyIdleTimer === null && !this.closed) {
+      this.bodyIdleTimer = this.world.setTimeout(() => {
+        this.bodyIdleTimer = null;
+        if (this.heldBytes === 0) this.bodies.idle();
+      }, BODY_IDLE_MS);
+      this.bodyIdleTimer.unref?.();
+    }
     if (this.arena !== null) {
       const a = this.arena;
       this.arena = null;
@@ -1876,8 +1897,12 @@ export class Volume implements BlockBackend {
           await local.putParts(s.key, s.parts);
           return;
         }
-        // A private copy (an abandoned put may still be sending it after the arena was reused: ArenaChunk).
-        s.body = await concatInSlices(s.parts, s.size, slice);
+        // A private copy (an abandoned put may still be sending it after the arena was reused:
+        // ArenaChunk), in a pooled buffer: its lease is let go only once the put succeeded and
+        // the body reached the cache (publish); on any other path it is left to the collector.
+        const { body, lease } = this.bodies.take(s.size);
+        s.body = await concatInSlices(s.parts, s.size, slice, body);
+        s.bodyLease = lease;
         if (a.dropped) return;
         await this.store.put(s.key, s.body);
       } finally {
@@ -1958,7 +1983,15 @@ export class Volume implements BlockBackend {
     this.landRecord(key, a.header, a.dataStart, a.body.length);
     if (!this.local) {
       this.blockCache.insertObject(key, a.body);
-      for (const s of a.segments) if (s.body) this.blockCache.insertObject(s.key, s.body);
+      for (const s of a.segments) {
+        if (!s.body) continue;
+        // Every put of this attempt succeeded (it published): the cache holds the body now
+        // (once per block it keeps), and this attempt lets go of it for good.
+        this.blockCache.insertObject(s.key, s.body, s.bodyLease ?? undefined);
+        s.bodyLease?.release();
+        s.bodyLease = null;
+        delete s.body;
+      }
     }
     this.sealed.shift();
     a.layer.attempt = undefined;
@@ -2218,6 +2251,8 @@ export class Volume implements BlockBackend {
     } finally {
       // Also when the final flush failed: no retry timer may outlive a closed volume.
       this.closed = true;
+      this.bodies.idle();
+      if (this.bodyIdleTimer) { this.world.clearTimeout(this.bodyIdleTimer); this.bodyIdleTimer = null; }
       if (this.retryTimer) { this.world.clearTimeout(this.retryTimer); this.retryTimer = null; }
       this.wakeWriters();
       await this.checkpointing;

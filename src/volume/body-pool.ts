@@ -1,0 +1,100 @@
+/**
+ * Segment bodies from reused memory. A segment's body (its frames in one buffer, what an S3
+ * PUT sends) was a fresh 8 MiB allocation per segment: on this project's 2-core VM the kernel
+ * zeroing those pages was a quarter of the server's cycles during a 1 GiB `nbdcopy --flush`
+ * into radosgw (`perf`: clear_page_erms 26 %), and the bodies' external memory drove V8's full
+ * collections. A volume now assembles bodies in buffers it takes back once nothing can read
+ * them any more.
+ *
+ * When a body may be reused (the safety argument; BodyLease counts the holders):
+ * 1. Its put SUCCEEDED. A store reads none of a body after its put resolved: S3ObjectStore
+ *    resolves a PUT only after the request's body was written out ('finish') and answered;
+ *    the SDK path is answered after the body was sent; memory stores (and the simulator's)
+ *    copy it at the call; the local store (`file:`) is never given one (putParts). A put
+ *    that FAILED may have an attempt still sending it (RetryingObjectStore abandons attempts
+ *    at its deadline without stopping them: ArenaChunk's note in volume.ts): such a body is
+ *    never taken back, the collector frees it.
+ * 2. The read cache no longer holds views of it. A landed segment is written through to the
+ *    block cache from its body (BlockCache.insertObject); each cached block keeps a view and
+ *    readers copy from it until its slab write succeeded. The cache holds the lease once per
+ *    block it kept and lets go when that block's slab write succeeded; a block whose write
+ *    failed keeps its view for its readers and never lets go (the collector again).
+ * 3. The volume itself lets go once it handed the body to the cache (publish), and forgets
+ *    it there; an attempt that never publishes (dropped, fenced, closed) never lets go.
+ * Only a lease whose count reached zero returns its buffer, once (asserted).
+ *
+ * Memory: free buffers are kept while the volume writes (at most `maxKept`, the uploads that
+ * may run at once), and let go once it has been idle (nothing buffered) for a while or is
+ * closed (Volume BODY_IDLE_MS), so an idle volume holds none.
+ */
+
+import { strict as assert } from 'node:assert';
+
+/** Something that holds views of a body until it calls release() (once per acquire()). */
+export interface BodyHold {
+  acquire(): void;
+  release(): void;
+}
+
+/** The holders of one pooled body; its buffer goes back to the pool when the last lets go. */
+export class BodyLease implements BodyHold {
+  private holds = 1; // the taker's
+  private returned = false;
+
+  constructor(private readonly pool: BodyPool, private readonly buffer: Buffer) {}
+
+  acquire(): void {
+    assert(this.holds > 0 && !this.returned, 'a body is held only while someone holds it');
+    this.holds++;
+  }
+
+  release(): void {
+    assert(this.holds > 0 && !this.returned, 'a body is let go once per hold');
+    if (--this.holds > 0) return;
+    this.returned = true;
+    this.pool.giveBack(this.buffer);
+  }
+}
+
+export class BodyPool {
+  private readonly free: Buffer[] = [];
+  private keeping = true;
+  /** Buffers taken back (for tests and stats). */
+  reused = 0;
+
+  /**
+   * `capacity`: the size of every pooled buffer (a body longer than that is allocated on its
+   * own, as before); `maxKept`: free buffers kept at most.
+   */
+  constructor(readonly capacity: number, readonly maxKept: number) {
+    assert(capacity > 0 && maxKept >= 0);
+  }
+
+  /**
+   * A body of `size` bytes (contents undefined) and its lease (null: not pooled, nothing to
+   * let go). The caller holds the lease once.
+   */
+  take(size: number): { body: Buffer; lease: BodyLease | null } {
+    this.keeping = true;
+    if (size > this.capacity) return { body: Buffer.allocUnsafe(size), lease: null };
+    let buf = this.free.pop();
+    if (buf !== undefined) this.reused++;
+    else buf = Buffer.allocUnsafe(this.capacity);
+    return { body: buf.subarray(0, size), lease: new BodyLease(this, buf) };
+  }
+
+  /** BodyLease: the last holder let go. */
+  giveBack(buf: Buffer): void {
+    assert(buf.length === this.capacity, 'only pooled buffers come back');
+    if (this.keeping && this.free.length < this.maxKept) this.free.push(buf);
+  }
+
+  /** Nothing is being written: let go of the free buffers, and of those given back until the next take(). */
+  idle(): void {
+    this.keeping = false;
+    this.free.length = 0;
+  }
+
+  /** Free buffers held now. */
+  get kept(): number { return this.free.length; }
+}
