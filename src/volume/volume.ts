@@ -21,7 +21,8 @@
  * - Guest mutations (write, trim, zero) take effect in the order they were called, waiting or
  *   not (see admitThen): overlapping writes of one burst end as the last one sent.
  * - TRIM and WRITE_ZEROES are map operations: no zero bytes are uploaded.
- * - Nothing runs on a timer: an idle volume makes no store requests.
+ * - No store request runs on a timer: an idle volume makes none. (The one timer of an idle
+ *   volume lets go of its free segment bodies, BODY_IDLE_MS.)
  * - Fencing: a create-only put that finds its log position taken by a record with another
  *   id means another writer committed there. This engine then refuses every later write and
  *   flush (FencedError -> EIO) for good: a fenced volume is terminal (onFenced tells the
@@ -54,7 +55,6 @@ import {
 } from './format.js';
 import { ENCODE_SLICE, FRAME_BYTES, compressionAvailable, concatInSlices, copyFromBlocks, copyFromFrames, encodeObject, finishDirectRead, forgetBlockCrcs, planBlockRead, planDirectRead, rememberBlockCrcs, rememberedBlockCrcs, lengthsToString, type BlockRead, type EncodeOptions, type FrameIndex, type FrameKeys } from './frames.js';
 
-/** The lease token is not above the highest one in the log: re-acquire with `minToken`. */
 /** A guest mutation waiting for room in the write buffer (Volume.admitThen). */
 interface WriteWaiter {
   apply(): void;
@@ -62,6 +62,7 @@ interface WriteWaiter {
   reject(err: unknown): void;
 }
 
+/** The lease token is not above the highest one in the log: re-acquire with `minToken`. */
 export class StaleTokenError extends BatonError {
   constructor(readonly minToken: number, message: string) { super('BATON_ERR_LEASE_LOST', message); }
 }
