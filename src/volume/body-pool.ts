@@ -23,9 +23,9 @@
  *    it there; an attempt that never publishes (dropped, fenced, closed) never lets go.
  * Only a lease whose count reached zero returns its buffer, once (asserted).
  *
- * Memory: free buffers are kept while the volume writes (at most `maxKept`, the uploads that
- * may run at once), and let go once it has been idle (nothing buffered) for a while or is
- * closed (Volume BODY_IDLE_MS), so an idle volume holds none.
+ * Memory: free buffers are kept while the volume writes (at most `maxKept`: Volume
+ * BODIES_KEPT), and let go once it has been idle (nothing buffered) for a while or is closed
+ * (Volume BODY_IDLE_MS), so an idle volume holds none.
  */
 
 import { strict as assert } from 'node:assert';

@@ -264,6 +264,8 @@ export interface VolumeStats {
   workingSetChunks: number;
   /** Memory of the write arena (ArenaChunk): chunks being filled, holding buffered writes, or free for reuse. */
   arenaBytes: number;
+  /** Guest writes, trims and zeroes that waited for room at the hard limit since the volume opened (admitThen). */
+  parkedWrites: number;
   /** The background hydration started at open (hydrate.ts), if any. */
   hydration: HydrationStatus | null;
 }
@@ -301,6 +303,14 @@ const ARENA_IDLE_KEEP = 1;
  * a writer that flushes every few seconds keeps reusing them, an idle volume holds none.
  */
 const BODY_IDLE_MS = 2000;
+/**
+ * Free segment bodies a volume keeps while it writes (65 MiB at the default 8 MiB segments).
+ * Bodies come back a few at a time, as the cache writes their blocks two at a time, so a few
+ * cover most takes: on radosgw a 1 GiB `nbdcopy --flush` cost 3.0-3.2 CPU-s per GiB with 8
+ * kept, 2.9-3.1 with 16, 3.1-4.1 with 4, 5.4-11.4 with none (bench/README.md, issue 11,
+ * session 20).
+ */
+const BODIES_KEPT = 8;
 /** How many recent read ends the sequential-reader detection keeps (Volume.readEnds). */
 const READ_ENDS_KEPT = 256;
 /** Sequential prefetch (Volume.prefetchAhead): from this streak on, this far ahead, this much at a time. */
@@ -395,6 +405,8 @@ export class Volume implements BlockBackend {
   private fencedError: FencedError | null = null;
   private closed = false;
   private readonly writeWaiters: WriteWaiter[] = [];
+  /** VolumeStats.parkedWrites. */
+  private parkedWrites = 0;
   /**
    * Where recent reads ended, and how long a sequential run each ended: a read starting at
    * one of them continues a sequential reader, however its requests interleave with others
@@ -454,8 +466,8 @@ export class Volume implements BlockBackend {
     this.checkpointRangeBytes = opts.checkpointRangeBytes ?? CHECKPOINT_RANGE_BYTES;
     this.uploadSlots = new Slots(opts.uploadConcurrency ?? 16);
     // A segment's stored bytes exceed its logical ones by its frames' headers and checks (well
-    // under 1 %); a longer body is allocated on its own.
-    this.bodies = new BodyPool(this.segmentBytes + Math.ceil(this.segmentBytes / 64) + 4096, opts.uploadConcurrency ?? 16);
+    // under 1 %); a longer body is allocated on its own. BODIES_KEPT free ones at most.
+    this.bodies = new BodyPool(this.segmentBytes + Math.ceil(this.segmentBytes / 64) + 4096, BODIES_KEPT);
     this.viewMaxAgeMs = timeBounds(opts.maxOperationMs ?? maxOperationMs()).viewMaxAgeMs;
     this.data = dataSettings(record);
     this.frameKeys = opts.frameKeys ?? null;
@@ -1413,6 +1425,7 @@ export class Volume implements BlockBackend {
    */
   private admitThen(apply: () => void): Promise<void> | null {
     if (this.admitsNow()) { apply(); return null; }
+    this.parkedWrites++;
     return new Promise<void>((resolve, reject) => {
       this.writeWaiters.push({ apply, resolve, reject });
       this.kickCommit();
@@ -2225,7 +2238,7 @@ export class Volume implements BlockBackend {
       dirtyBytes: this.dirtyBytes, sealedBytes: this.heldBytes - this.dirtyBytes, commits: this.commits, committedBytes: this.committedBytes,
       lastCommitSeq: this.nextSeq - 1, lastFlushAt: this.lastFlushAt, extents: this.committed.size,
       bufferedExtents: this.sealed.reduce((n, l) => n + l.map.size, this.dirty.size), fenced: this.isFenced,
-      workingSetChunks: this.workingSet.size, arenaBytes: this.arenaChunks * ARENA_CHUNK, hydration: this.hydrationStatus,
+      workingSetChunks: this.workingSet.size, arenaBytes: this.arenaChunks * ARENA_CHUNK, parkedWrites: this.parkedWrites, hydration: this.hydrationStatus,
     };
   }
 
