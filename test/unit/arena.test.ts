@@ -111,8 +111,11 @@ async function workload(t: ExecutionContext, open: () => Promise<Volume>, seed: 
   // Everything landed: the volume keeps one free chunk for its next write, not a burst's worth.
   t.true(s.arenaBytes <= 1024 * 1024, `an idle volume keeps at most 1 MiB of arena (${s.arenaBytes} bytes)`);
   t.true(s.commits > 4, `commits overlapped and followed each other (${s.commits} commits, ${readChecks} reads checked, ${failedFlushes} failed flushes)`);
-  // The hard limit is the soft one + 32 MiB (TIGHT): buffered data reached it, so writes waited there.
-  if (expectParked) t.true(maxHeld >= 32 * MiB, `writes were parked at the hard limit (${(maxHeld / MiB).toFixed(1)} MiB held at most)`);
+  // The hard limit is the soft one + 32 MiB (TIGHT): buffered data reached it, so writes waited
+  // there, and they are let in one at a time while there is room, so it is passed by one write
+  // at most (256 KiB here; waking every waiter at once let it be passed by all of them).
+  if (expectParked) t.true(s.parkedWrites > 0, `writes were parked at the hard limit (${s.parkedWrites} waited; ${(maxHeld / MiB).toFixed(1)} MiB held at most)`);
+  t.true(maxHeld < 34 * MiB + 256 * KiB, `buffered data stays within the hard limit and one write (${(maxHeld / MiB).toFixed(1)} MiB held at most)`);
   const reopened = await open();
   check(t, await reopened.read(0, SPAN), model, 'every byte after recovery');
 }
@@ -133,7 +136,11 @@ test('the same with raw data (segments from views of the arena, assembled by con
 test('failed and ambiguous commits: layers left behind are merged and committed again, and every byte still reads back and recovers', async (t) => {
   const faults: FaultOptions = { seed: 3, latencyMs: { put: 4 }, errorRate: 0.02, lostReplyRate: 0.02, ops: ['put'] };
   const store = new FaultyObjectStore(new MemoryObjectStore(), faults);
-  await workload(t, await openVolume(store, TIGHT, {}), 3, 8 * MiB);
+  // Not expected to park: layers left by failed commits are merged, so they hold each byte of
+  // the 32 MiB span once, under the 34 MiB hard limit (30.0 MiB at most here, whatever the
+  // put latency). Before writes took effect when called (Volume.admitThen) this run reached
+  // 32 MiB; what it tests is the merge, not the parking (the test above parks).
+  await workload(t, await openVolume(store, TIGHT, {}), 3, 8 * MiB, false);
 });
 
 test('failed commits behind a retrying store, raw data', async (t) => {
