@@ -28,9 +28,14 @@ import { randomBytes } from 'node:crypto';
 import { Slots } from './slots.js';
 import { WRITE_CHUNK_BYTES } from './store/local-dir.js';
 import type { ObjectStore } from './store/object-store.js';
-import type { BodyHold } from './volume/body-pool.js';
 
 export const CACHE_BLOCK = 256 * 1024;
+
+/** Something that must not be written again while the cache holds views of it (a pooled body: src/volume/body-pool.ts). */
+export interface BodyHold {
+  acquire(): void;
+  release(): void;
+}
 /** Largest single ranged GET (coalesced misses + readahead). */
 const MAX_FETCH = 8 * 1024 * 1024;
 

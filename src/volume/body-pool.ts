@@ -29,12 +29,7 @@
  */
 
 import { strict as assert } from 'node:assert';
-
-/** Something that holds views of a body until it calls release() (once per acquire()). */
-export interface BodyHold {
-  acquire(): void;
-  release(): void;
-}
+import type { BodyHold } from '../cache.js';
 
 /** The holders of one pooled body; its buffer goes back to the pool when the last lets go. */
 export class BodyLease implements BodyHold {
