@@ -28,16 +28,17 @@ import { randomBytes } from 'node:crypto';
 import { Slots } from './slots.js';
 import { WRITE_CHUNK_BYTES } from './store/local-dir.js';
 import type { ObjectStore } from './store/object-store.js';
+import { BodyPool, type BodyHold, type BodyLease } from './body-pool.js';
 
 export const CACHE_BLOCK = 256 * 1024;
 
-/** Something that must not be written again while the cache holds views of it (a pooled body: src/volume/body-pool.ts). */
-export interface BodyHold {
-  acquire(): void;
-  release(): void;
-}
 /** Largest single ranged GET (coalesced misses + readahead). */
 const MAX_FETCH = 8 * 1024 * 1024;
+/** Fetches this long or longer (readahead, hydration) get their body from the cache's pool (fetchRun). */
+const POOLED_FETCH_MIN = MAX_FETCH / 2;
+/** Free GET bodies the pool keeps (64 MiB), let go after GET_BODIES_IDLE_MS without a pooled fetch. */
+const GET_BODIES_KEPT = 8;
+const GET_BODIES_IDLE_MS = 2000;
 
 /** Where cached blocks live: one slot of CACHE_BLOCK bytes per block. */
 export interface Slab {
@@ -231,6 +232,20 @@ export class BlockCache {
   private readonly background = new WeakSet<Promise<Fetched>>();
   /** Slab writes not yet settled (their entries' `ready`). */
   private readonly writing = new Set<Promise<void>>();
+  /**
+   * Bodies of large fetches in reused memory (src/body-pool.ts): on a 2-core VM the kernel
+   * zeroing a fresh 8 MiB body per GET was a fifth of a cold read's cycles. A fetch's body
+   * comes back once (1) its GET resolved (a failed GET's buffer may still be written by an
+   * abandoned attempt: ObjectStore.get's `into`, never reused), (2) every block it put in the
+   * cache was written to the slab (insertBlock's hold), and (3) every read that waited for
+   * the fetch has copied from it (read() holds the lease of each fetch it waits for, taken
+   * while the fetch is still in `inflight`, let go when it returns). fetchRun lets go of its
+   * own hold when it takes the fetch out of `inflight`, so a read can only find a fetch whose
+   * body is still held.
+   */
+  private readonly getBodies = new BodyPool(MAX_FETCH, GET_BODIES_KEPT);
+  private readonly fetchLeases = new WeakMap<Promise<Fetched>, BodyLease>();
+  private getBodiesIdle: ReturnType<typeof setTimeout> | null = null;
   /** The cache disk failed its last operation: warned once, until an operation succeeds again. */
   private diskFailing = false;
   readonly stats: CacheStats = { hits: 0, misses: 0, fetches: 0, bytesFetched: 0, cachedBytes: 0, evictions: 0, raced: 0 };
@@ -248,7 +263,7 @@ export class BlockCache {
 
   /**
    * Put a whole object's bytes in the cache (write-through after an upload). With `hold`
-   * (a pooled body: src/volume/body-pool.ts), each block kept holds it once until that
+   * (a pooled body: src/body-pool.ts), each block kept holds it once until that
    * block's slab write succeeded and its view of `data` is gone; a block whose write failed
    * keeps its view for its readers and never lets go.
    */
@@ -354,6 +369,7 @@ export class BlockCache {
     // Plan: for each block, the cache entry (pinned until we are done) or the fetch that brings it.
     const entries: (Entry | null)[] = [];
     const fetches: (Promise<Fetched> | null)[] = [];
+    const held: BodyLease[] = []; // pooled bodies of the fetches this read copies from (holdFetch)
     try {
       let b = first;
       while (b <= last) {
@@ -368,7 +384,7 @@ export class BlockCache {
           continue;
         }
         const shared = this.sharedFetch(id);
-        if (shared !== undefined) { entries.push(null); fetches.push(shared); b++; continue; }
+        if (shared !== undefined) { this.holdFetch(shared, held); entries.push(null); fetches.push(shared); b++; continue; }
         const pending = this.inflight.get(id);
         if (pending !== undefined) {
           // Blocks a background fetch is bringing: this read's own GET for them (and any
@@ -383,7 +399,9 @@ export class BlockCache {
           this.stats.misses += runEnd - b + 1;
           this.stats.raced++;
           const own = this.fetchRun(store, key, objectSize, b, runEnd);
+          this.holdFetch(own, held);
           for (const other of others) {
+            if (other) this.holdFetch(other, held);
             entries.push(null);
             fetches.push(other ? firstFulfilled(own, other) : own);
             b++;
@@ -398,6 +416,7 @@ export class BlockCache {
         }
         this.stats.misses += Math.min(runEnd, last) - b + 1;
         const p = this.fetchRun(store, key, objectSize, b, runEnd);
+        this.holdFetch(p, held);
         for (; b <= Math.min(runEnd, last); b++) { entries.push(null); fetches.push(p); }
       }
       // Rejects on the first failed fetch while others may still run: they only fill the cache.
@@ -431,6 +450,7 @@ export class BlockCache {
       }
     } finally {
       for (const e of entries) if (e) this.unpin(e);
+      for (const l of held) l.release();
     }
   }
 
@@ -571,14 +591,17 @@ export class BlockCache {
   private fetchRun(store: ObjectStore, key: string, objectSize: number, firstBlock: number, lastBlock: number, background = false): Promise<Fetched> {
     const start = firstBlock * CACHE_BLOCK;
     const end = Math.min((lastBlock + 1) * CACHE_BLOCK, objectSize);
+    const pooled = end - start >= POOLED_FETCH_MIN ? this.takeGetBody(end - start) : null;
     const p = (async (): Promise<Fetched> => {
-      const data = await store.get(key, { offset: start, length: end - start });
+      const data = await store.get(key, { offset: start, length: end - start }, pooled?.body);
       this.stats.fetches++;
       this.stats.bytesFetched += data.length;
+      // The blocks hold the pooled body only if the store read into it (it may return its own).
+      const hold = pooled !== null && data === pooled.body ? pooled.lease ?? undefined : undefined;
       const writes: Promise<void>[] = [];
       for (let blk = firstBlock; blk <= lastBlock; blk++) {
         const from = blk * CACHE_BLOCK - start;
-        const w = this.insertBlock(key, blk, data.subarray(from, Math.min(from + CACHE_BLOCK, data.length)));
+        const w = this.insertBlock(key, blk, data.subarray(from, Math.min(from + CACHE_BLOCK, data.length)), hold);
         if (w) writes.push(w);
       }
       return { start, data, written: Promise.all(writes) };
@@ -587,8 +610,28 @@ export class BlockCache {
     for (let blk = firstBlock; blk <= lastBlock; blk++) ids.push(BlockCache.id(key, blk));
     for (const id of ids) this.inflight.set(id, p);
     if (background) this.background.add(p);
-    void p.catch(() => {}).finally(() => { for (const id of ids) if (this.inflight.get(id) === p) this.inflight.delete(id); });
+    if (pooled?.lease) this.fetchLeases.set(p, pooled.lease);
+    const done = (): void => { for (const id of ids) if (this.inflight.get(id) === p) this.inflight.delete(id); };
+    // Out of `inflight` and fetchRun's own hold let go in one step: no read can take the fetch
+    // afterwards (getBodies' note). A failed GET's body is never let go (never reused).
+    p.then(() => { done(); pooled?.lease?.release(); }, done);
     return p;
+  }
+
+  /** A pooled body for a fetch of `length` bytes; the pool lets its free ones go once no pooled fetch came for a while. */
+  private takeGetBody(length: number): { body: Buffer; lease: BodyLease | null } {
+    if (this.getBodiesIdle !== null) clearTimeout(this.getBodiesIdle);
+    this.getBodiesIdle = setTimeout(() => { this.getBodiesIdle = null; this.getBodies.idle(); }, GET_BODIES_IDLE_MS);
+    this.getBodiesIdle.unref?.();
+    return this.getBodies.take(length);
+  }
+
+  /** read(): hold the body of fetch `p` (if pooled) until the read returns (getBodies' note). */
+  private holdFetch(p: Promise<Fetched>, held: BodyLease[]): void {
+    const lease = this.fetchLeases.get(p);
+    if (lease === undefined) return;
+    lease.acquire();
+    held.push(lease);
   }
 
   /** Settles when every slab write started so far has settled. */
@@ -597,6 +640,8 @@ export class BlockCache {
   }
 
   async close(): Promise<void> {
+    if (this.getBodiesIdle !== null) { clearTimeout(this.getBodiesIdle); this.getBodiesIdle = null; }
+    this.getBodies.idle();
     await this.drain();
     this.index.clear();
     await this.slab.close();

@@ -188,8 +188,8 @@ export class RetryingObjectStore implements ObjectStore {
     }
   }
 
-  get(key: string, range?: ByteRange): Promise<Buffer> {
-    return this.#run('get', key, () => this.next.get(key, range));
+  get(key: string, range?: ByteRange, into?: Buffer): Promise<Buffer> {
+    return this.#run('get', key, () => this.next.get(key, range, into));
   }
 
   head(key: string): Promise<ObjectHead | null> {
@@ -455,8 +455,8 @@ export class FaultyObjectStore implements ObjectStore {
     return this.#timeout(op, key, fn());
   }
 
-  get(key: string, range?: ByteRange): Promise<Buffer> {
-    return this.#request('get', key, () => this.next.get(key, range));
+  get(key: string, range?: ByteRange, into?: Buffer): Promise<Buffer> {
+    return this.#request('get', key, () => this.next.get(key, range, into));
   }
 
   put(key: string, body: Buffer, options?: PutOptions): Promise<void> {
@@ -637,8 +637,8 @@ export class InstrumentedObjectStore implements ObjectStore {
     return v;
   }
 
-  get(key: string, range?: ByteRange): Promise<Buffer> {
-    return this.#count('get', () => this.next.get(key, range), (b) => b.length);
+  get(key: string, range?: ByteRange, into?: Buffer): Promise<Buffer> {
+    return this.#count('get', () => this.next.get(key, range, into), (b) => b.length);
   }
 
   put(key: string, body: Buffer, options?: PutOptions): Promise<void> {

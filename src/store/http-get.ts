@@ -69,6 +69,11 @@ export interface GetOptions {
   onBody?: (length: number | undefined, body: { destroy(err?: Error): void }) => void;
   /** Body bytes of a 2xx answer are spent here; false pauses the socket until take(0, -1). */
   budget?: GetBudget;
+  /**
+   * A 2xx body of exactly this length is read into it (ObjectStore.get's `into`); another
+   * length gets a buffer of its own. Written only until the GET settles.
+   */
+  into?: Buffer;
 }
 
 export interface GetResponse {
@@ -449,7 +454,8 @@ class Exchange {
     if (framing.kind === 'length') {
       if (this.#success) {
         try {
-          this.#out = Buffer.allocUnsafe(framing.length);
+          const into = this.options.into;
+          this.#out = into !== undefined && into.length === framing.length ? into : Buffer.allocUnsafe(framing.length);
         } catch {
           throw codedError('HPE_INVALID_CONTENT_LENGTH', `a Content-Length of ${framing.length} bytes, more than this process can hold`);
         }

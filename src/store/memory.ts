@@ -125,14 +125,16 @@ export class MemoryObjectStore implements ObjectStore {
     this.description = name;
   }
 
-  async get(key: string, range?: ByteRange): Promise<Buffer> {
+  async get(key: string, range?: ByteRange, into?: Buffer): Promise<Buffer> {
     validateKey(key);
     if (range !== undefined) validateRange(range);
     const e = this.#objects.get(key);
     if (e === undefined) throw new NotFoundError(`get ${key}: no such object in ${this.description}`);
     if (range === undefined) return Buffer.from(e.body);
     if (range.offset + range.length > e.body.length) throw rangeError(key, range, e.body.length);
-    return Buffer.from(e.body.subarray(range.offset, range.offset + range.length));
+    const bytes = e.body.subarray(range.offset, range.offset + range.length);
+    if (into !== undefined && into.length === bytes.length) { bytes.copy(into); return into; }
+    return Buffer.from(bytes);
   }
 
   async put(key: string, body: Buffer, options?: PutOptions): Promise<void> {

@@ -141,7 +141,14 @@ export interface ObjectStore {
   readonly description: string;
   /** Present when objects are local files (see LocalObjects). */
   readonly local?: LocalObjects;
-  get(key: string, range?: ByteRange): Promise<Buffer>;
+  /**
+   * `into` (exactly `range.length` bytes, a reused buffer: src/cache.ts): the store MAY read
+   * the body into it and return it instead of a buffer of its own; the caller uses what is
+   * returned. Once the call RESOLVED nothing writes into `into` any more; after a rejection an
+   * abandoned attempt may still be receiving into it (RetryingObjectStore gives up on attempts
+   * without stopping them), so a caller never reuses the `into` of a failed get.
+   */
+  get(key: string, range?: ByteRange, into?: Buffer): Promise<Buffer>;
   put(key: string, body: Buffer, options?: PutOptions): Promise<void>;
   /** Null when the key does not exist. */
   head(key: string): Promise<ObjectHead | null>;

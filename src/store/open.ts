@@ -229,7 +229,7 @@ class LazyObjectStore implements ObjectStore {
   /** `endpoint`: where requests go, for messages (the URL, or "AWS S3 (region)"). */
   constructor(readonly description: string, private readonly make: () => Promise<S3ObjectStore>, readonly endpoint: string) {}
   #get(): Promise<S3ObjectStore> { return (this.#store ??= this.make()); }
-  async get(key: string, range?: ByteRange): Promise<Buffer> { return (await this.#get()).get(key, range); }
+  async get(key: string, range?: ByteRange, into?: Buffer): Promise<Buffer> { return (await this.#get()).get(key, range, into); }
   async put(key: string, body: Buffer, options?: PutOptions): Promise<void> { return (await this.#get()).put(key, body, options); }
   async head(key: string): Promise<ObjectHead | null> { return (await this.#get()).head(key); }
   async *list(prefix: string, options?: ListOptions): AsyncIterable<ObjectInfo> { yield* (await this.#get()).list(prefix, options); }

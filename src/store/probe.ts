@@ -319,9 +319,9 @@ export class SettingsCheckedObjectStore implements ObjectStore {
     }
   }
 
-  get(key: string, range?: ByteRange): Promise<Buffer> {
-    if (this.#state === 'ok') return this.next.get(key, range);
-    return this.#ready(false).then(() => this.next.get(key, range));
+  get(key: string, range?: ByteRange, into?: Buffer): Promise<Buffer> {
+    if (this.#state === 'ok') return this.next.get(key, range, into);
+    return this.#ready(false).then(() => this.next.get(key, range, into));
   }
 
   head(key: string): Promise<ObjectHead | null> {

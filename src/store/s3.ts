@@ -557,6 +557,7 @@ export class S3ObjectStore implements ObjectStore {
     creds: SigV4Credentials,
     options: { abortSignal: AbortSignal; requestTimeout: number },
     onBody: (body: { destroy?: (err?: Error) => void }, length: number | undefined) => void,
+    into?: Buffer,
   ): Promise<readonly [Buffer, string | undefined]> {
     const path = `${target.basePath}/${encodeKeyPath(fullKey)}`;
     const headers = this.#baseHeaders(target, EMPTY_SHA256, creds);
@@ -570,6 +571,7 @@ export class S3ObjectStore implements ObjectStore {
       socketMs: this.#socketMs,
       budget: bodyTurns,
       onBody: (length, body) => onBody(body, length),
+      ...(into !== undefined ? { into } : {}),
     });
     if (res.status < 200 || res.status > 299) throw s3ErrorFromResponse(res.status, res.headers, res.body.toString('utf8', 0, MAX_ERROR_BODY));
     const lengthHeader = res.headers['content-length'];
@@ -731,7 +733,7 @@ export class S3ObjectStore implements ObjectStore {
     });
   }
 
-  async get(key: string, range?: ByteRange): Promise<Buffer> {
+  async get(key: string, range?: ByteRange, into?: Buffer): Promise<Buffer> {
     validateKey(key);
     if (range !== undefined) validateRange(range);
     // HTTP cannot ask for zero bytes; answer from HEAD so a missing key is still NotFound.
@@ -749,7 +751,7 @@ export class S3ObjectStore implements ObjectStore {
       // until they arrive it is sized like a small object.
       const direct = await this.#directTarget();
       [buf, contentRange] = await this.#call(range?.length ?? 0, async (sendOptions, onBody) => {
-        if (direct !== null) return (await this.#attempts('get', fullKey, sendOptions.abortSignal, (creds) => this.#getOnce(direct, fullKey, range, creds, sendOptions, onBody))).value;
+        if (direct !== null) return (await this.#attempts('get', fullKey, sendOptions.abortSignal, (creds) => this.#getOnce(direct, fullKey, range, creds, sendOptions, onBody, into))).value;
         const res = await this.client.send(new GetObjectCommand({
           Bucket: this.bucket,
           Key: fullKey,

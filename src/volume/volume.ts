@@ -43,7 +43,7 @@ import { randomId, systemWorld, turnBudget, type TimerHandle, type World } from 
 import type { Logger } from '../log.js';
 import { Hydration, type HydrateOptions, type HydrationStatus, type ObjectPiece } from './hydrate.js';
 import { WorkingSet } from './working-set.js';
-import { BodyPool, type BodyLease } from './body-pool.js';
+import { BodyPool, type BodyLease } from '../body-pool.js';
 import { DurationHistogram } from '../histogram.js';
 import { Slots } from '../slots.js';
 import { PUT_ID_META } from '../store/decorators.js';
@@ -299,7 +299,7 @@ const LOCAL_READS_AT_ONCE = 16;
 const ARENA_IDLE_KEEP = 1;
 
 /**
- * A volume with nothing buffered for this long lets go of its free segment bodies (body-pool.ts):
+ * A volume with nothing buffered for this long lets go of its free segment bodies (src/body-pool.ts):
  * a writer that flushes every few seconds keeps reusing them, an idle volume holds none.
  */
 const BODY_IDLE_MS = 2000;
@@ -393,7 +393,7 @@ export class Volume implements BlockBackend {
   private nextCommit: Deferred | null = null;
   /** Segment uploads in flight over all attempts (at most uploadConcurrency), and the ones waiting, oldest attempt first. */
   private readonly uploadSlots: Slots;
-  /** Segment bodies in reused memory (body-pool.ts says when a body may be reused). */
+  /** Segment bodies in reused memory (src/body-pool.ts says when a body may be reused). */
   private readonly bodies: BodyPool;
   /** Armed while nothing is buffered: lets go of the free bodies after BODY_IDLE_MS (never a store request). */
   private bodyIdleTimer: TimerHandle | null = null;

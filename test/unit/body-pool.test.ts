@@ -9,7 +9,7 @@ import { BlockCache, CACHE_BLOCK, type Slab } from '../../src/cache.js';
 import { silentLogger } from '../../src/log.js';
 import { MemoryObjectStore } from '../../src/store/memory.js';
 import type { ByteRange, ListOptions, ObjectHead, ObjectInfo, ObjectStore, PutOptions } from '../../src/store/object-store.js';
-import { BodyPool } from '../../src/volume/body-pool.js';
+import { BodyPool } from '../../src/body-pool.js';
 import { StoreCatalog } from '../../src/volume/catalog.js';
 import type { Volume } from '../../src/volume/volume.js';
 
@@ -49,9 +49,14 @@ test('BodyPool: a buffer comes back once its last holder let go, at most maxKept
 class HeldSlab implements Slab {
   readonly slots = new Map<number, Buffer>();
   holding = false;
+  /** Blocks whose bytes changed between the cache's write call and the write itself (a body reused too early). */
+  changed = 0;
   private waiting: (() => void)[] = [];
   async write(slot: number, data: Buffer): Promise<void> {
+    const hash = sha(data);
     while (this.holding) await new Promise<void>((r) => this.waiting.push(r));
+    await sleep(0);
+    if (sha(data) !== hash) this.changed++;
     this.slots.set(slot, Buffer.from(data));
   }
   release(): void { this.holding = false; for (const w of this.waiting.splice(0)) w(); }
@@ -150,6 +155,7 @@ test('a segment body is reused only after its put succeeded and the cache wrote 
     checked++;
   }
   t.true(checked >= 32, `${checked} cached segment blocks checked`);
+  t.is(slab.changed, 0, 'no block\'s bytes changed while its slab write waited');
   // And the volume reads back as written, from a fresh open (the store only).
   const fresh = new StoreCatalog({ store: mem, log: silentLogger(), cache: () => BlockCache.open({ capacityBytes: 64 * MiB }) });
   const w = (await fresh.open('v', { readOnly: true })).backend as Volume;
@@ -158,4 +164,124 @@ test('a segment body is reused only after its put succeeded and the cache wrote 
   for (const [off, data] of later) t.true((await w.read(off, 8 * MiB)).equals(data), `round at ${off / MiB} MiB`);
   await w.close();
   await v.close();
+});
+
+/** A store that hands GETs' `into` to the memory store, and fails some after "sending" them: their `into` is written later, as by an abandoned attempt. */
+class IntoStore implements ObjectStore {
+  readonly description = 'into';
+  /** The memory each `into` lives in (a pooled body is a new view of the same memory each time). */
+  readonly intos: ArrayBufferLike[] = [];
+  readonly failedIntos = new Set<ArrayBufferLike>();
+  /** GETs handed memory an earlier GET failed with (an abandoned attempt may still write into it). */
+  reusedAfterFailure = 0;
+  failEvery = 0;
+  private n = 0;
+  constructor(readonly inner: MemoryObjectStore) {}
+  async get(key: string, range?: ByteRange, into?: Buffer): Promise<Buffer> {
+    await sleep(1);
+    if (into) {
+      if (this.failedIntos.has(into.buffer)) this.reusedAfterFailure++;
+      this.intos.push(into.buffer);
+      if (this.failEvery > 0 && ++this.n % this.failEvery === 0) {
+        this.failedIntos.add(into.buffer);
+        setTimeout(() => into.fill(0xee), 5); // the abandoned attempt's late bytes
+        throw Object.assign(new Error('injected: connection reset'), { code: 'ECONNRESET' });
+      }
+    }
+    return this.inner.get(key, range, into);
+  }
+  put(key: string, body: Buffer, options?: PutOptions): Promise<void> { return this.inner.put(key, body, options); }
+  head(key: string): Promise<ObjectHead | null> { return this.inner.head(key); }
+  list(prefix: string, options?: ListOptions): AsyncIterable<ObjectInfo> { return this.inner.list(prefix, options); }
+  delete(key: string): Promise<void> { return this.inner.delete(key); }
+  close(): Promise<void> { return this.inner.close(); }
+}
+
+test('a GET body is reused only after its GET succeeded, the cache wrote its blocks and every read that waited for it copied; a failed GET\'s never', async (t) => {
+  const mem = new MemoryObjectStore();
+  const objects: Buffer[] = [];
+  for (let i = 0; i < 24; i++) {
+    const b = Buffer.alloc(8 * MiB);
+    for (let k = 0; k < b.length; k += 4096) b.writeUInt32LE((i << 20) + k / 4096, k);
+    objects.push(b);
+    await mem.put(`o${i}`, b);
+  }
+  const store = new IntoStore(mem);
+  const slab = new HeldSlab();
+  const cache = await BlockCache.open({ capacityBytes: 64 * MiB, slab }); // 8 objects: blocks are evicted and fetched again
+  const pool = (cache as unknown as { getBodies: BodyPool }).getBodies;
+  store.failEvery = 5;
+  let failed = 0;
+  for (let round = 0; round < 6; round++) {
+    slab.holding = round % 2 === 1; // every other round the slab's writes wait: bodies stay held by their blocks
+    // Two waves, the second after the first returned (while the slab still waits, in held
+    // rounds): its fetches take the bodies the first gave back. Readers share fetches (four
+    // read each object at once) and read ahead to the object's end: each fetch is a whole
+    // 8 MiB object, a pooled body.
+    for (let wave = 0; wave < 2; wave++) {
+      await Promise.all(Array.from({ length: 16 }, async (_, r) => {
+        const i = (Math.floor(r / 4) * 3 + wave * 13 + round * 5) % objects.length;
+        const off = (r % 4) * 64 * 1024;
+        const out = Buffer.alloc(64 * 1024);
+        try {
+          await cache.read(store, `o${i}`, 8 * MiB, off, out.length, out, 0, 8 * MiB);
+        } catch (err) {
+          t.regex(String(err), /connection reset/);
+          failed++;
+          return;
+        }
+        t.true(out.equals(objects[i]!.subarray(off, off + out.length)), `round ${round}, o${i} at ${off}`);
+      }));
+      await sleep(10); // a failed GET's late bytes land meanwhile
+    }
+    slab.release();
+    await cache.drain();
+    await sleep(20);
+  }
+  t.log(`${store.intos.length} pooled GETs, ${store.failedIntos.size} failed, ${pool.reused} bodies reused`);
+  t.true(failed > 0, `${failed} reads saw an injected GET failure`);
+  t.true(pool.reused > 4, `GET bodies reused (${pool.reused})`);
+  t.is(store.reusedAfterFailure, 0, 'a failed GET\'s memory was never handed to a later GET');
+  t.is(slab.changed, 0, 'no block\'s bytes changed while its slab write waited');
+  await cache.close();
+});
+
+test('a read that waits for two fetches holds the first one\'s body until it copied, though that fetch ended long before', async (t) => {
+  const mem = new MemoryObjectStore();
+  const o0 = Buffer.alloc(8 * MiB, 0x10);
+  const o1 = Buffer.alloc(8 * MiB, 0x21);
+  await mem.put('o0', o0);
+  await mem.put('o1', o1);
+  const store = new IntoStore(mem);
+  const slow = store.get.bind(store);
+  // GETs of o0's second half wait until the test opens the gate; the rest answer at once.
+  let open!: () => void;
+  const gate = new Promise<void>((r) => { open = r; });
+  store.get = async (key: string, range?: ByteRange, into?: Buffer) => {
+    if (key === 'o0' && range && range.offset >= 4 * MiB) await gate;
+    return slow(key, range, into);
+  };
+  const cache = await BlockCache.open({ capacityBytes: 64 * MiB });
+  const pool = (cache as unknown as { getBodies: BodyPool }).getBodies;
+  const a = Buffer.alloc(4 * MiB);
+  const r1 = cache.read(store, 'o0', 8 * MiB, 0, 4 * MiB, a, 0); // fetch F1: o0's first 4 MiB, pooled
+  const b = Buffer.alloc(4 * MiB);
+  const r2 = cache.read(store, 'o0', 8 * MiB, 4 * MiB - CACHE_BLOCK, 4 * MiB, b, 0); // its first block from F1, the rest its own slow fetch
+  await r1;
+  await sleep(10); // F1 is done and its blocks are written
+  const c = Buffer.alloc(4 * MiB);
+  await cache.read(store, 'o1', 8 * MiB, 0, 4 * MiB, c, 0); // a pooled fetch now: must not get F1's body while r2 waits
+  open();
+  await r2;
+  t.true(a.equals(o0.subarray(0, 4 * MiB)));
+  t.true(c.equals(o1.subarray(0, 4 * MiB)));
+  t.true(b.equals(o0.subarray(4 * MiB - CACHE_BLOCK, 8 * MiB - CACHE_BLOCK)), 'the block r2 took from F1 is o0\'s, not o1\'s');
+  t.is(store.intos.length, 2, 'two pooled GETs: F1 and o1\'s (r2\'s own, 3.75 MiB, is not pooled)');
+  t.not(store.intos[1], store.intos[0], 'o1\'s GET did not get F1\'s body (its memory)');
+  await sleep(10);
+  const d = Buffer.alloc(4 * MiB);
+  await cache.read(store, 'o1', 8 * MiB, 4 * MiB, 4 * MiB, d, 0);
+  t.true(d.equals(o1.subarray(4 * MiB)));
+  t.true(pool.reused > 0, 'once r2 returned, bodies are reused');
+  await cache.close();
 });

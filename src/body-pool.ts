@@ -29,7 +29,12 @@
  */
 
 import { strict as assert } from 'node:assert';
-import type { BodyHold } from '../cache.js';
+
+/** Something that must not be written again while a holder keeps views of it (BlockCache.insertObject). */
+export interface BodyHold {
+  acquire(): void;
+  release(): void;
+}
 
 /** The holders of one pooled body; its buffer goes back to the pool when the last lets go. */
 export class BodyLease implements BodyHold {
