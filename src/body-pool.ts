@@ -23,12 +23,15 @@
  *    it there; an attempt that never publishes (dropped, fenced, closed) never lets go.
  * Only a lease whose count reached zero returns its buffer, once (asserted).
  *
- * Memory: free buffers are kept while the volume writes (at most `maxKept`: Volume
- * BODIES_KEPT), and let go once it has been idle (nothing buffered) for a while or is closed
- * (Volume BODY_IDLE_MS), so an idle volume holds none.
+ * Memory: free buffers are kept while bodies are taken (at most `maxKept`), and let go once a
+ * whole `idleMs` passed without a take (one timer, armed by a take, never re-armed while idle:
+ * so between idleMs and 2 idleMs after the last take) or the pool is closed, so an idle volume
+ * or cache holds none. It counts takes rather than reading the clock: a simulated process
+ * whose clock stands still while its timers fire still goes idle.
  */
 
 import { strict as assert } from 'node:assert';
+import { systemWorld, type TimerHandle, type World } from './clock.js';
 
 /** Something that must not be written again while a holder keeps views of it (BlockCache.insertObject). */
 export interface BodyHold {
@@ -59,14 +62,17 @@ export class BodyLease implements BodyHold {
 export class BodyPool {
   private readonly free: Buffer[] = [];
   private keeping = true;
+  private takesSinceArmed = 0;
+  private idleTimer: TimerHandle | null = null;
   /** Buffers taken back (for tests and stats). */
   reused = 0;
 
   /**
    * `capacity`: the size of every pooled buffer (a body longer than that is allocated on its
-   * own, as before); `maxKept`: free buffers kept at most.
+   * own, as before); `maxKept`: free buffers kept at most; `idleMs`: how long after the last
+   * take the free ones are let go (on `world`'s clock: the simulator's in its runs).
    */
-  constructor(readonly capacity: number, readonly maxKept: number) {
+  constructor(readonly capacity: number, readonly maxKept: number, private readonly idleMs = 2000, private readonly world: World = systemWorld) {
     assert(capacity > 0 && maxKept >= 0);
   }
 
@@ -76,6 +82,8 @@ export class BodyPool {
    */
   take(size: number): { body: Buffer; lease: BodyLease | null } {
     this.keeping = true;
+    this.takesSinceArmed++;
+    if (this.idleTimer === null) this.armIdle();
     if (size > this.capacity) return { body: Buffer.allocUnsafe(size), lease: null };
     let buf = this.free.pop();
     if (buf !== undefined) this.reused++;
@@ -89,10 +97,27 @@ export class BodyPool {
     if (this.keeping && this.free.length < this.maxKept) this.free.push(buf);
   }
 
-  /** Nothing is being written: let go of the free buffers, and of those given back until the next take(). */
+  /** Let go of the free buffers, and of those given back until the next take(). */
   idle(): void {
     this.keeping = false;
     this.free.length = 0;
+  }
+
+  /** idle(), and no timer left behind. */
+  close(): void {
+    if (this.idleTimer !== null) { this.world.clearTimeout(this.idleTimer); this.idleTimer = null; }
+    this.idle();
+  }
+
+  /** One timer for many takes: a period with a take arms the next one, a period without lets go. */
+  private armIdle(): void {
+    this.takesSinceArmed = 0;
+    this.idleTimer = this.world.setTimeout(() => {
+      this.idleTimer = null;
+      if (this.takesSinceArmed > 0) this.armIdle();
+      else this.idle();
+    }, this.idleMs);
+    this.idleTimer.unref?.();
   }
 
   /** Free buffers held now. */

@@ -36,9 +36,8 @@ export const CACHE_BLOCK = 256 * 1024;
 const MAX_FETCH = 8 * 1024 * 1024;
 /** Fetches this long or longer (readahead, hydration) get their body from the cache's pool (fetchRun). */
 const POOLED_FETCH_MIN = MAX_FETCH / 2;
-/** Free GET bodies the pool keeps (64 MiB), let go after GET_BODIES_IDLE_MS without a pooled fetch. */
+/** Free GET bodies the pool keeps (64 MiB; let go 2-4 s after the last pooled fetch: BodyPool). */
 const GET_BODIES_KEPT = 8;
-const GET_BODIES_IDLE_MS = 2000;
 
 /** Where cached blocks live: one slot of CACHE_BLOCK bytes per block. */
 export interface Slab {
@@ -245,7 +244,6 @@ export class BlockCache {
    */
   private readonly getBodies = new BodyPool(MAX_FETCH, GET_BODIES_KEPT);
   private readonly fetchLeases = new WeakMap<Promise<Fetched>, BodyLease>();
-  private getBodiesIdle: ReturnType<typeof setTimeout> | null = null;
   /** The cache disk failed its last operation: warned once, until an operation succeeds again. */
   private diskFailing = false;
   readonly stats: CacheStats = { hits: 0, misses: 0, fetches: 0, bytesFetched: 0, cachedBytes: 0, evictions: 0, raced: 0 };
@@ -591,7 +589,7 @@ export class BlockCache {
   private fetchRun(store: ObjectStore, key: string, objectSize: number, firstBlock: number, lastBlock: number, background = false): Promise<Fetched> {
     const start = firstBlock * CACHE_BLOCK;
     const end = Math.min((lastBlock + 1) * CACHE_BLOCK, objectSize);
-    const pooled = end - start >= POOLED_FETCH_MIN ? this.takeGetBody(end - start) : null;
+    const pooled = end - start >= POOLED_FETCH_MIN ? this.getBodies.take(end - start) : null;
     const p = (async (): Promise<Fetched> => {
       const data = await store.get(key, { offset: start, length: end - start }, pooled?.body);
       this.stats.fetches++;
@@ -618,14 +616,6 @@ export class BlockCache {
     return p;
   }
 
-  /** A pooled body for a fetch of `length` bytes; the pool lets its free ones go once no pooled fetch came for a while. */
-  private takeGetBody(length: number): { body: Buffer; lease: BodyLease | null } {
-    if (this.getBodiesIdle !== null) clearTimeout(this.getBodiesIdle);
-    this.getBodiesIdle = setTimeout(() => { this.getBodiesIdle = null; this.getBodies.idle(); }, GET_BODIES_IDLE_MS);
-    this.getBodiesIdle.unref?.();
-    return this.getBodies.take(length);
-  }
-
   /** read(): hold the body of fetch `p` (if pooled) until the read returns (getBodies' note). */
   private holdFetch(p: Promise<Fetched>, held: BodyLease[]): void {
     const lease = this.fetchLeases.get(p);
@@ -640,8 +630,7 @@ export class BlockCache {
   }
 
   async close(): Promise<void> {
-    if (this.getBodiesIdle !== null) { clearTimeout(this.getBodiesIdle); this.getBodiesIdle = null; }
-    this.getBodies.idle();
+    this.getBodies.close();
     await this.drain();
     this.index.clear();
     await this.slab.close();

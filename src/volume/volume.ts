@@ -21,8 +21,8 @@
  * - Guest mutations (write, trim, zero) take effect in the order they were called, waiting or
  *   not (see admitThen): overlapping writes of one burst end as the last one sent.
  * - TRIM and WRITE_ZEROES are map operations: no zero bytes are uploaded.
- * - No store request runs on a timer: an idle volume makes none. (The one timer of an idle
- *   volume lets go of its free segment bodies, BODY_IDLE_MS.)
+ * - No store request runs on a timer: an idle volume makes none. (The one timer a volume may
+ *   have once idle lets go of its free segment bodies, 2-4 s after the last upload: BodyPool.)
  * - Fencing: a create-only put that finds its log position taken by a record with another
  *   id means another writer committed there. This engine then refuses every later write and
  *   flush (FencedError -> EIO) for good: a fenced volume is terminal (onFenced tells the
@@ -299,11 +299,6 @@ const LOCAL_READS_AT_ONCE = 16;
 const ARENA_IDLE_KEEP = 1;
 
 /**
- * A volume with nothing buffered for this long lets go of its free segment bodies (src/body-pool.ts):
- * a writer that flushes every few seconds keeps reusing them, an idle volume holds none.
- */
-const BODY_IDLE_MS = 2000;
-/**
  * Free segment bodies a volume keeps while it writes (65 MiB at the default 8 MiB segments).
  * Bodies come back a few at a time, as the cache writes their blocks two at a time, so a few
  * cover most takes: on radosgw a 1 GiB `nbdcopy --flush` cost 3.0-3.2 CPU-s per GiB with 8
@@ -395,8 +390,6 @@ export class Volume implements BlockBackend {
   private readonly uploadSlots: Slots;
   /** Segment bodies in reused memory (src/body-pool.ts says when a body may be reused). */
   private readonly bodies: BodyPool;
-  /** Armed while nothing is buffered: lets go of the free bodies after BODY_IDLE_MS (never a store request). */
-  private bodyIdleTimer: TimerHandle | null = null;
   /**
    * The id of the log record at nextSeq - 1 as this volume applied it ('' before a volume's
    * first record; undefined when unknown: v1 records and checkpoints). See "The log is a chain".
@@ -467,7 +460,7 @@ export class Volume implements BlockBackend {
     this.uploadSlots = new Slots(opts.uploadConcurrency ?? 16);
     // A segment's stored bytes exceed its logical ones by its frames' headers and checks (well
     // under 1 %); a longer body is allocated on its own. BODIES_KEPT free ones at most.
-    this.bodies = new BodyPool(this.segmentBytes + Math.ceil(this.segmentBytes / 64) + 4096, BODIES_KEPT);
+    this.bodies = new BodyPool(this.segmentBytes + Math.ceil(this.segmentBytes / 64) + 4096, BODIES_KEPT, 2000, this.world);
     this.viewMaxAgeMs = timeBounds(opts.maxOperationMs ?? maxOperationMs()).viewMaxAgeMs;
     this.data = dataSettings(record);
     this.frameKeys = opts.frameKeys ?? null;
@@ -1578,13 +1571,6 @@ export class Volume implements BlockBackend {
    */
   private releaseIdleArena(): void {
     if (this.heldBytes !== 0) return;
-    if (this.bodyIdleTimer === null && !this.closed) {
-      this.bodyIdleTimer = this.world.setTimeout(() => {
-        this.bodyIdleTimer = null;
-        if (this.heldBytes === 0) this.bodies.idle();
-      }, BODY_IDLE_MS);
-      this.bodyIdleTimer.unref?.();
-    }
     if (this.arena !== null) {
       const a = this.arena;
       this.arena = null;
@@ -2265,8 +2251,7 @@ export class Volume implements BlockBackend {
     } finally {
       // Also when the final flush failed: no retry timer may outlive a closed volume.
       this.closed = true;
-      this.bodies.idle();
-      if (this.bodyIdleTimer) { this.world.clearTimeout(this.bodyIdleTimer); this.bodyIdleTimer = null; }
+      this.bodies.close();
       if (this.retryTimer) { this.world.clearTimeout(this.retryTimer); this.retryTimer = null; }
       this.wakeWriters();
       await this.checkpointing;

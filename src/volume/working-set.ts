@@ -137,10 +137,8 @@ export class RecencyList {
 }
 
 export class WorkingSet {
-  /** Chunk indices, least recently used first. */
+  /** Chunk indices, least recently used first (its most recent one: a repeated touch of it costs nothing). */
   private readonly lru = new RecencyList();
-  /** The most recently touched chunk (a repeated touch of it costs nothing). */
-  private newest = -1;
   /** Chunks that entered the record since the last checkpoint took it (markSaved). */
   private added = 0;
   /** This session's boot set (see the header), in the order first read; recorded once beginSession was called. */
@@ -171,7 +169,7 @@ export class WorkingSet {
     const last = Math.floor((offset + length - 1) / this.chunkBytes);
     const boot = read && this.recordingBoot && this.boot.length < BOOT_MAX_CHUNKS;
     // The chunk touched last, again (sequential small reads): nothing changes, unless a read makes it enter the boot set.
-    if (first === last && first === this.newest && (!boot || this.bootSeen.has(first))) return;
+    if (first === last && first === this.lru.mostRecent && (!boot || this.bootSeen.has(first))) return;
     for (let c = first; c <= last; c++) this.touchChunk(c, boot);
   }
 
@@ -188,7 +186,6 @@ export class WorkingSet {
       this.bootSeen.add(c);
     }
     if (this.lru.touch(c)) this.added++;
-    this.newest = c;
     if (this.lru.size > this.maxChunks) this.lru.dropOldest();
   }
 
@@ -244,7 +241,6 @@ export class WorkingSet {
     }
     for (const c of mine) this.lru.touch(c);
     while (this.lru.size > this.maxChunks) this.lru.dropOldest();
-    this.newest = this.lru.mostRecent ?? -1;
   }
 
   /** Chunk ranges [offset, length) in the order hydration fetches them: the boot set first, then the rest most recently used first. */

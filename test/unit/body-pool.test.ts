@@ -10,6 +10,7 @@ import { silentLogger } from '../../src/log.js';
 import { MemoryObjectStore } from '../../src/store/memory.js';
 import type { ByteRange, ListOptions, ObjectHead, ObjectInfo, ObjectStore, PutOptions } from '../../src/store/object-store.js';
 import { BodyPool } from '../../src/body-pool.js';
+import { systemWorld, type World } from '../../src/clock.js';
 import { StoreCatalog } from '../../src/volume/catalog.js';
 import type { Volume } from '../../src/volume/volume.js';
 
@@ -45,6 +46,36 @@ test('BodyPool: a buffer comes back once its last holder let go, at most maxKept
   t.is(pool.kept, 0, 'given back while idle: dropped');
 });
 
+test('BodyPool: free buffers are let go once a whole idleMs passed without a take, by one timer a take does not re-arm', (t) => {
+  let now = 0;
+  const timers: { at: number; fn: () => void; unref?(): unknown }[] = [];
+  const world: World = { ...systemWorld, now: () => now, setTimeout: (fn, ms) => { const h = { at: now + ms, fn, unref: () => h }; timers.push(h); return h; }, clearTimeout: (h) => { timers.splice(timers.indexOf(h as never), 1); } };
+  const advance = (ms: number): void => {
+    now += ms;
+    for (let h = timers.find((x) => x.at <= now); h; h = timers.find((x) => x.at <= now)) { timers.splice(timers.indexOf(h), 1); h.fn(); }
+  };
+  const pool = new BodyPool(100, 4, 2000, world);
+  pool.take(10).lease!.release();
+  t.is(timers.length, 1);
+  advance(1500);
+  pool.take(10).lease!.release(); // reuses the free one; no second timer
+  t.is(timers.length, 1);
+  t.is(pool.kept, 1);
+  advance(600); // the timer fires 2 s after the first take: a take since, so it waits another 2 s
+  t.is(pool.kept, 1);
+  t.is(timers.length, 1);
+  advance(1400);
+  t.is(pool.kept, 1, 'still within the period after the take');
+  advance(600); // the second period started when the timer ran (at 2.1 s here) and ends at 4.1 s
+  t.is(pool.kept, 0, 'let go after a whole period without a take');
+  t.is(timers.length, 0, 'and no timer left while idle');
+  const c = pool.take(10);
+  pool.close();
+  t.is(timers.length, 0, 'close clears the timer');
+  c.lease!.release();
+  t.is(pool.kept, 0, 'given back after close: dropped');
+});
+
 /** A slab whose writes wait while `holding`, and which copies a block's bytes only when its write goes ahead. */
 class HeldSlab implements Slab {
   readonly slots = new Map<number, Buffer>();
@@ -69,14 +100,25 @@ class HeldSlab implements Slab {
  * A store that keeps a reference to each segment put's body (no copy) and checks it is not
  * changed while the put is in flight; a put it fails keeps being "sent" (checked later).
  */
-class WatchingStore implements ObjectStore {
-  readonly description = 'watching';
+/** Every request goes to `inner`; subclasses change what they watch. */
+class PassThroughStore implements ObjectStore {
+  readonly description: string = 'pass-through';
+  constructor(readonly inner: ObjectStore) {}
+  get(key: string, range?: ByteRange, into?: Buffer): Promise<Buffer> { return this.inner.get(key, range, into); }
+  put(key: string, body: Buffer, options?: PutOptions): Promise<void> { return this.inner.put(key, body, options); }
+  head(key: string): Promise<ObjectHead | null> { return this.inner.head(key); }
+  list(prefix: string, options?: ListOptions): AsyncIterable<ObjectInfo> { return this.inner.list(prefix, options); }
+  delete(key: string): Promise<void> { return this.inner.delete(key); }
+  close(): Promise<void> { return this.inner.close(); }
+}
+
+class WatchingStore extends PassThroughStore {
+  override readonly description = 'watching';
   readonly failed: { body: Buffer; hash: string }[] = [];
   failNext = 0;
   changedInFlight = 0;
   segmentPuts = 0;
-  constructor(readonly inner: ObjectStore) {}
-  async put(key: string, body: Buffer, options?: PutOptions): Promise<void> {
+  override async put(key: string, body: Buffer, options?: PutOptions): Promise<void> {
     if (!key.includes('/seg/')) return this.inner.put(key, body, options);
     this.segmentPuts++;
     const hash = sha(body);
@@ -90,11 +132,6 @@ class WatchingStore implements ObjectStore {
     await this.inner.put(key, body, options);
     if (sha(body) !== hash) this.changedInFlight++;
   }
-  get(key: string, range?: ByteRange): Promise<Buffer> { return this.inner.get(key, range); }
-  head(key: string): Promise<ObjectHead | null> { return this.inner.head(key); }
-  list(prefix: string, options?: ListOptions): AsyncIterable<ObjectInfo> { return this.inner.list(prefix, options); }
-  delete(key: string): Promise<void> { return this.inner.delete(key); }
-  close(): Promise<void> { return this.inner.close(); }
 }
 
 test('a segment body is reused only after its put succeeded and the cache wrote its blocks; a failed put\'s body never', async (t) => {
@@ -167,8 +204,8 @@ test('a segment body is reused only after its put succeeded and the cache wrote 
 });
 
 /** A store that hands GETs' `into` to the memory store, and fails some after "sending" them: their `into` is written later, as by an abandoned attempt. */
-class IntoStore implements ObjectStore {
-  readonly description = 'into';
+class IntoStore extends PassThroughStore {
+  override readonly description = 'into';
   /** The memory each `into` lives in (a pooled body is a new view of the same memory each time). */
   readonly intos: ArrayBufferLike[] = [];
   readonly failedIntos = new Set<ArrayBufferLike>();
@@ -176,8 +213,7 @@ class IntoStore implements ObjectStore {
   reusedAfterFailure = 0;
   failEvery = 0;
   private n = 0;
-  constructor(readonly inner: MemoryObjectStore) {}
-  async get(key: string, range?: ByteRange, into?: Buffer): Promise<Buffer> {
+  override async get(key: string, range?: ByteRange, into?: Buffer): Promise<Buffer> {
     await sleep(1);
     if (into) {
       if (this.failedIntos.has(into.buffer)) this.reusedAfterFailure++;
@@ -190,11 +226,6 @@ class IntoStore implements ObjectStore {
     }
     return this.inner.get(key, range, into);
   }
-  put(key: string, body: Buffer, options?: PutOptions): Promise<void> { return this.inner.put(key, body, options); }
-  head(key: string): Promise<ObjectHead | null> { return this.inner.head(key); }
-  list(prefix: string, options?: ListOptions): AsyncIterable<ObjectInfo> { return this.inner.list(prefix, options); }
-  delete(key: string): Promise<void> { return this.inner.delete(key); }
-  close(): Promise<void> { return this.inner.close(); }
 }
 
 test('a GET body is reused only after its GET succeeded, the cache wrote its blocks and every read that waited for it copied; a failed GET\'s never', async (t) => {
