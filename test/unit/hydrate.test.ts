@@ -21,7 +21,8 @@ import { MemoryObjectStore } from '../../src/store/memory.js';
 import { listAll, type ByteRange, type ListOptions, type ObjectInfo, type ObjectStore, type PutOptions } from '../../src/store/object-store.js';
 import { StoreCatalog } from '../../src/volume/catalog.js';
 import { CHECKPOINT_MAGIC, CHECKPOINT_MAGIC_V4, decodeCheckpoint, encodeCheckpoint, keys, SRC_HOLE } from '../../src/volume/format.js';
-import type { HydrateOptions } from '../../src/volume/hydrate.js';
+import { Hydration, type HydrateOptions, type HydrationSource, type ObjectPiece } from '../../src/volume/hydrate.js';
+import { systemWorld } from '../../src/clock.js';
 import type { Volume, VolumeOptions } from '../../src/volume/volume.js';
 import { BOOT_MAX_CHUNKS, WORKING_SET_CHUNK, WORKING_SET_MAX_CHUNKS, WorkingSet } from '../../src/volume/working-set.js';
 
@@ -392,6 +393,43 @@ test('hydration coalesces by object: a big commit\'s data comes in a few large G
   t.is(watch.gets.length, 12, '24 MiB in 2 MiB GETs');
   t.true(watch.gets.every((g) => g.length === 2 * MiB));
   t.is(watch.maxInFlight, 8);
+});
+
+test('hydration joins a later batch\'s blocks to a queued GET of the same object next to them: one GET instead of two', async (t) => {
+  // Batches are 16 MiB recency slices of the volume: object A's two halves fall into two of
+  // them (its first half among the newest 16 MiB, its second half after them). The seed's
+  // workspace made 3x the GETs its objects needed this way (bench/hydrate.ts).
+  const mem = new MemoryObjectStore();
+  const sizes: Record<string, number> = { A: 2 * MiB, B: 14 * MiB, C: 1 * MiB };
+  for (const [k, n] of Object.entries(sizes)) await mem.put(k, pattern(n, n));
+  // Volume ranges, newest first, each mapped to one object: C, A[0,1), B (batch 1: 16 MiB), A[1,2).
+  const layout = [
+    { offset: 0, key: 'C', off: 0, len: 1 * MiB },
+    { offset: 8 * MiB, key: 'A', off: 0, len: 1 * MiB },
+    { offset: 16 * MiB, key: 'B', off: 0, len: 14 * MiB },
+    { offset: 9 * MiB, key: 'A', off: 1 * MiB, len: 1 * MiB },
+  ];
+  const source: HydrationSource = {
+    workingSetChunks: layout.length,
+    *ranges() { for (const r of layout) yield { offset: r.offset, length: r.len }; },
+    pieces(offset: number, length: number, out: ObjectPiece[]) {
+      for (const r of layout) if (r.offset === offset && r.len === length) out.push({ key: r.key, size: sizes[r.key]!, off: r.off, len: r.len });
+    },
+  };
+  const watch = new WatchingStore(mem);
+  const cache = await BlockCache.open({ capacityBytes: 64 * MiB });
+  watch.hold(); // the first GET (C) is taken and held while the second batch is planned
+  const h = new Hydration(source, cache, watch, { mode: 'working-set', concurrency: 1, fetchBytes: 2 * MiB }, systemWorld, silentLogger());
+  t.true(await until(() => watch.held === 1));
+  await sleep(20);
+  watch.release();
+  await h.done;
+  const ofA = watch.gets.filter((g) => g.key === 'A');
+  t.deepEqual(ofA.map((g) => [g.offset, g.length]), [[0, 2 * MiB]], 'both halves of A in one GET');
+  t.is(watch.gets.length, 1 + 1 + 7, 'C, A, and B in 2 MiB GETs');
+  t.deepEqual(watch.gets.map((g) => g.key), ['C', 'A', 'B', 'B', 'B', 'B', 'B', 'B', 'B'], 'A at its newest half\'s place');
+  t.is(h.status().fetchedBytes, 17 * MiB);
+  for (const [k, n] of Object.entries(sizes)) t.is(cache.missingBytes(k, n, 0, n), 0, `${k} is cached`);
 });
 
 /** A cache disk that takes `ms` per block write; counts the blocks handed to it and not yet written. */
