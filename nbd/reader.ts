@@ -77,7 +77,7 @@ export class FrameReader {
   private readonly onDataEvent = (chunk: Buffer): void => this.onData(chunk, null);
   private readonly onEndEvent = (): void => this.onEnd();
 
-  constructor(private readonly sock: Duplex, private readonly highWater = 64 * 1024 * 1024) {
+  constructor(private readonly sock: Duplex, private highWater = 64 * 1024 * 1024) {
     sock.on('data', this.onDataEvent);
     sock.on('end', this.onEndEvent);
     sock.on('close', this.onEndEvent);
@@ -273,6 +273,12 @@ export class FrameReader {
       this.paused = true;
       this.sock.pause();
     }
+  }
+
+  /** Change the bound on buffered bytes (a session raises it when transmission starts). */
+  setHighWater(bytes: number): void {
+    this.highWater = bytes;
+    this.resumeIfDrained();
   }
 
   private resumeIfDrained(): void {

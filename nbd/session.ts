@@ -55,6 +55,12 @@ export interface SessionOptions {
   maxOptions: number;
   maxOptionLength: number;
   /**
+   * How long a closing connection waits for the client to take its remaining replies (then
+   * it is cut off): a peer that reads nothing must not keep a session, its export's handle
+   * and its replies' memory past a shutdown, a handoff or its own DISC. Default LINGER_MS.
+   */
+  lingerMs?: number;
+  /**
    * Refuse this connection during the handshake: every option is answered with
    * NBD_REP_ERR_SHUTDOWN and this message (ABORT with its ACK), the provider is never asked.
    */
@@ -102,6 +108,12 @@ export const DEFAULT_SESSION_OPTIONS: Omit<SessionOptions, 'log'> = {
 const HANDSHAKE_FLAGS = C.NBD_FLAG_FIXED_NEWSTYLE | C.NBD_FLAG_NO_ZEROES;
 /** How long a closing connection may take to flush its last replies to a peer that does not read. */
 const LINGER_MS = 10_000;
+/**
+ * Requests one connection takes in one turn of the event loop before it lets the others (and
+ * lease renewals, and timers) run: well above a turn's work at QD32-128, far below one that
+ * stalls a host (each request costs microseconds).
+ */
+const TURN_REQUESTS = 256;
 const BASE_ALLOCATION_ID = 1;
 
 /** Frames of one reply; `release` runs once the socket no longer needs them. */
@@ -150,7 +162,11 @@ export class NbdSession {
   private readerFor(sock: Duplex): FrameReader {
     sock.on('error', (err) => this.opts.log.debug({ err: errorMessage(err) }, 'socket error'));
     sock.on('close', () => { this.closed = true; });
-    return new FrameReader(sock, Math.max(this.opts.maxInflightBytes / 2, this.opts.maxPayload + 1024));
+    // Handshake first: an option is at most maxOptionLength, so more buffered than a few of
+    // them is a client running ahead of a slow provider call (a store's LIST, a lease wait)
+    // or junk; before authentication it must not make the server hold 128 MiB (reviewed
+    // finding). transmission() raises the bound.
+    return new FrameReader(sock, this.opts.maxOptionLength + 64 * 1024);
   }
 
   /** The export this connection is attached to, once transmission started. */
@@ -180,8 +196,10 @@ export class NbdSession {
       }
     } finally {
       // Whatever ended the session (DISC, the client's FIN, a protocol error), requests
-      // already dispatched are completed and their replies handed to the socket first.
-      await this.waitIdle();
+      // already dispatched are completed and their replies handed to the socket first (for
+      // at most lingerMs; then the socket is cut, which completes the replies it held, and
+      // what still runs in the backend is waited for: the handle is released only after).
+      if (!(await this.idleOrLingered())) { this.sock.destroy(); await this.waitIdle(); }
       this.handle?.release();
       this.handle = null;
       this.closeSocket();
@@ -200,7 +218,7 @@ export class NbdSession {
     const sock = this.sock;
     if (sock.destroyed) return;
     if (sock.writableFinished) { sock.destroy(); return; }
-    const timer = setTimeout(() => sock.destroy(), LINGER_MS);
+    const timer = setTimeout(() => sock.destroy(), this.lingerMs);
     timer.unref?.();
     sock.once('close', () => clearTimeout(timer));
     sock.once('finish', () => sock.destroy());
@@ -215,7 +233,24 @@ export class NbdSession {
     if (this.shuttingDown) return;
     this.shuttingDown = true;
     if (!this.handle) { this.sock.destroy(); return; }
-    void this.waitIdle().then(() => this.closeSocket());
+    // run()'s loop ends once the socket does; its `finally` releases the handle.
+    void this.idleOrLingered().then((idle) => { if (idle) this.closeSocket(); else this.sock.destroy(); });
+  }
+
+  private get lingerMs(): number { return this.opts.lingerMs ?? LINGER_MS; }
+
+  /**
+   * Every request dispatched has had its reply taken by the socket (waitIdle), or lingerMs
+   * passed (false). Slots come back only in write callbacks, so waiting for idle alone let a
+   * client that reads no reply keep a handed-off or shut-down session forever (reviewed
+   * finding).
+   */
+  private idleOrLingered(): Promise<boolean> {
+    if (this.inflight === 0) return Promise.resolve(true);
+    return new Promise((resolve) => {
+      const timer = setTimeout(() => resolve(false), this.lingerMs);
+      void this.waitIdle().then(() => { clearTimeout(timer); resolve(true); });
+    });
   }
 
   // ------------------------------------------------------------ handshake
@@ -484,6 +519,9 @@ export class NbdSession {
   // ------------------------------------------------------------ transmission
 
   private async transmission(backend: BlockBackend): Promise<void> {
+    // Requests may run ahead of their replies up to half the in-flight bytes, and a WRITE's
+    // payload must fit whole.
+    this.reader.setHighWater(Math.max(this.opts.maxInflightBytes / 2, this.opts.maxPayload + 1024));
     const ctx: ValidationContext = {
       size: backend.size,
       readOnly: backend.readOnly,
@@ -494,13 +532,28 @@ export class NbdSession {
     // A backend that copies a write before it returns is lent the payloads, so the socket
     // can be read into buffers the reader reuses (no allocation per socket read).
     if (backend.writeLent) this.reader.useSlabs();
+    let inTurn = 0; // requests taken in this turn of the event loop (reset by `turnEnded`)
+    const turnEnded = (): void => { inTurn = 0; };
     for (;;) {
+      // A connection whose socket is gone is served no more: no reply can reach anyone, the
+      // spec lets requests without a reply go undone, and the work would be for nothing. Not
+      // only waste: once the socket is gone a reply completes at once (reply()), so without
+      // this the loop served everything the reader held (up to its high-water mark: millions
+      // of READs) in one turn, and other volumes' lease renewals waited for it (reviewed
+      // finding: 1M READs held the loop 4.2 s). A FIN alone (half-close) is not "gone".
+      if (this.closed || this.sock.destroyed) throw new ConnectionClosedError();
+      // And no turn takes more than TURN_REQUESTS requests: while the socket is open the
+      // in-flight bounds keep a turn short only while replies wait for the socket, which a
+      // fast reader or small replies need not do.
+      if (inTurn === 0) setImmediate(turnEnded);
+      else if (inTurn >= TURN_REQUESTS) { await new Promise<void>((r) => setImmediate(r)); continue; }
+      inTurn++;
       // The synchronous paths first (a buffered header, a free slot): a request that needs no
       // wait costs no promise (the promises were a fifth of the garbage of a READ answered on the
       // spot, which at 100k READs a second meant a young-generation collection every few ms).
       const req = codec.decodeRequest(this.reader.tryRead(C.REQUEST_SIZE) ?? await this.reader.read(C.REQUEST_SIZE));
       if (req.type === C.NBD_CMD_DISC) {
-        await this.waitIdle();
+        if (!(await this.idleOrLingered())) { this.sock.destroy(); await this.waitIdle(); }
         if (!backend.readOnly && !this.shuttingDown) {
           // nbdcopy and raw device users often end with DISC and no FLUSH: flush on their
           // behalf, best effort (nobody is left to hear a failure; the data stays dirty).

@@ -239,6 +239,95 @@ test('a backend with maxConcurrentReads: 64 READs sent at once, never more execu
   t.true(closed, 'the server closed with READs held for a vanished client');
 });
 
+// ================================================================== a client that leaves with requests buffered
+
+/** A memory backend that answers READs on the spot (readNow), counting them and the turns they took. */
+function countingReadNowBackend(size: number): { backend: BlockBackend; calls: () => number; maxPerTurn: () => number } {
+  const mem = new MemoryBackend(size);
+  let calls = 0;
+  let inTurn = 0;
+  let maxPerTurn = 0;
+  const backend: BlockBackend = {
+    size: mem.size,
+    readOnly: false,
+    readNow: (o, l, into) => {
+      calls++;
+      if (inTurn++ === 0) setImmediate(() => { inTurn = 0; });
+      maxPerTurn = Math.max(maxPerTurn, inTurn);
+      into.fill(7, 0, l);
+      return true;
+    },
+    read: (o, l, into) => mem.read(o, l, into),
+    write: (o, d) => mem.write(o, d),
+    flush: () => mem.flush(),
+    trim: (o, l) => mem.trim(o, l),
+    zero: (o, l, z) => mem.zero(o, l, z),
+    blockStatus: (o, l, m) => mem.blockStatus(o, l, m),
+    cache: () => mem.cache(),
+  };
+  return { backend, calls: () => calls, maxPerTurn: () => maxPerTurn };
+}
+
+test('a client that sends 20,000 READs, never reads a reply and vanishes: the requests it left buffered are not served, and no turn of the event loop serves more than a bounded number', async (t) => {
+  // Reviewed finding: once the socket was gone every reply "completed" at once, so the loop
+  // served everything the reader held (up to 128 MiB of requests, millions) in one turn of
+  // the event loop; 1M READs held the loop 4.2 s and another volume on the host lost its lease.
+  const { backend, calls, maxPerTurn } = countingReadNowBackend(64 * MiB);
+  const { server, sock } = await startServer(t, new Provider(backend), { maxInflightBytes: 8 * MiB });
+  const c = await connect(t, sock);
+  await c.handshakeGo('disk');
+  c.sock.pause(); // from now on the client reads no reply: they back up in the server
+  const len = 64 * KiB;
+  const n = 20_000;
+  const frames = Array.from({ length: n }, (_, i) => requestFrame({ type: CMD.READ, cookie: BigInt(i), offset: BigInt((i % 1000) * len), length: len }));
+  await c.write(Buffer.concat(frames));
+  await waitFor(() => calls() > 0, 'the first READs served');
+  await sleep(200); // the server reads every request in; replies back up (the client reads none)
+  const before = calls();
+  t.true(before <= 128 + 1, `${before} READs served while the client read nothing (bounded by the in-flight limits)`);
+  c.destroy();
+  await waitFor(() => server.connectionCount === 0, 'the session to end');
+  t.true(calls() - before <= 128, `${calls() - before} READs served after the client vanished (at most those in flight)`);
+  t.true(maxPerTurn() <= 512, `${maxPerTurn()} READs in one turn of the event loop`);
+});
+
+test('a client that reads no reply is cut off lingerMs after its export is shut down (handoff), and its handle is released', async (t) => {
+  // Reviewed finding: shutdown waited for every reply to be taken by the socket, which a peer
+  // that reads nothing never lets happen: the session, its handle and its replies stayed.
+  const { backend } = countingReadNowBackend(64 * MiB);
+  const provider = new Provider(backend);
+  const { server, sock } = await startServer(t, provider, { lingerMs: 200 });
+  const c = await connect(t, sock);
+  await c.handshakeGo('disk');
+  c.sock.pause();
+  const len = 1 * MiB;
+  await c.write(Buffer.concat(Array.from({ length: 16 }, (_, i) => requestFrame({ type: CMD.READ, cookie: BigInt(i), offset: BigInt(i * len), length: len }))));
+  await sleep(200); // 16 MiB of replies: more than the sockets hold
+  t.is(server.connectionCount, 1);
+  t.is(server.disconnectExport('disk'), 1);
+  await waitFor(() => server.connectionCount === 0, 'the session to end', 5000);
+  t.is(provider.releases, 1, 'its handle released');
+});
+
+test('before transmission a client cannot make the server buffer more than a few options: 200 MiB sent behind a LIST the provider is slow to answer', async (t) => {
+  // Reviewed finding: the handshake's reader already had transmission's bound (128 MiB), so
+  // any unauthenticated client could pin that much while a provider call was pending.
+  const provider: ExportProvider = { list: () => sleep(1500).then(() => []), open: () => new Promise(() => {}) };
+  const { sock } = await startServer(t, provider, { handshakeTimeoutMs: 60_000 });
+  const c = await connect(t, sock);
+  await c.greeting();
+  await c.write(clientFlagsFrame(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES));
+  const list = Buffer.alloc(16);
+  list.writeBigUInt64BE(0x49484156454f5054n, 0);
+  list.writeUInt32BE(OPT.LIST, 8);
+  c.sock.write(list);
+  const junk = Buffer.alloc(1 * MiB, 0x41);
+  for (let i = 0; i < 200; i++) c.sock.write(junk);
+  await sleep(1000);
+  const taken = c.sock.bytesWritten - c.sock.writableLength; // by the kernel: the server's buffer and the socket's
+  t.true(taken < 16 * MiB, `${(taken / MiB).toFixed(1)} MiB taken from the client`);
+});
+
 // ================================================================== 9.8: --max-connections
 
 test('a connection past maxConnections is refused with ERR_SHUTDOWN and a message; the others keep working', async (t) => {
