@@ -590,12 +590,15 @@ export class BlockCache {
     const start = firstBlock * CACHE_BLOCK;
     const end = Math.min((lastBlock + 1) * CACHE_BLOCK, objectSize);
     const pooled = end - start >= POOLED_FETCH_MIN ? this.getBodies.take(end - start) : null;
+    let filledPooled = false;
     const p = (async (): Promise<Fetched> => {
       const data = await store.get(key, { offset: start, length: end - start }, pooled?.body);
       this.stats.fetches++;
       this.stats.bytesFetched += data.length;
-      // The blocks hold the pooled body only if the store read into it (it may return its own).
-      const hold = pooled !== null && data === pooled.body ? pooled.lease ?? undefined : undefined;
+      // The blocks hold the pooled body only if the store read into it (it may return its own,
+      // and then an attempt it gave up on may still write into ours: ObjectStore.get).
+      filledPooled = pooled !== null && data === pooled.body;
+      const hold = filledPooled ? pooled?.lease ?? undefined : undefined;
       const writes: Promise<void>[] = [];
       for (let blk = firstBlock; blk <= lastBlock; blk++) {
         const from = blk * CACHE_BLOCK - start;
@@ -611,8 +614,9 @@ export class BlockCache {
     if (pooled?.lease) this.fetchLeases.set(p, pooled.lease);
     const done = (): void => { for (const id of ids) if (this.inflight.get(id) === p) this.inflight.delete(id); };
     // Out of `inflight` and fetchRun's own hold let go in one step: no read can take the fetch
-    // afterwards (getBodies' note). A failed GET's body is never let go (never reused).
-    p.then(() => { done(); pooled?.lease?.release(); }, done);
+    // afterwards (getBodies' note). A failed GET's body is never let go (never reused), nor
+    // one the store did not return (it may still be written: ObjectStore.get).
+    p.then(() => { done(); if (filledPooled) pooled?.lease?.release(); }, done);
     return p;
   }
 

@@ -189,7 +189,12 @@ export class RetryingObjectStore implements ObjectStore {
   }
 
   get(key: string, range?: ByteRange, into?: Buffer): Promise<Buffer> {
-    return this.#run('get', key, () => this.next.get(key, range, into));
+    // After a failed attempt the next ones read into memory of their own: the failed one may
+    // still be receiving into `into`, and the caller, given back another buffer, knows not to
+    // reuse it (ObjectStore.get). Reviewed finding: a retried GET returned `into`, the cache
+    // reused it, and the abandoned attempt wrote the old object's bytes into the next fetch.
+    let target = into;
+    return this.#run('get', key, () => this.next.get(key, range, target), () => { target = undefined; });
   }
 
   head(key: string): Promise<ObjectHead | null> {

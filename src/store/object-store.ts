@@ -144,9 +144,11 @@ export interface ObjectStore {
   /**
    * `into` (exactly `range.length` bytes, a reused buffer: src/cache.ts): the store MAY read
    * the body into it and return it instead of a buffer of its own; the caller uses what is
-   * returned. Once the call RESOLVED nothing writes into `into` any more; after a rejection an
-   * abandoned attempt may still be receiving into it (RetryingObjectStore gives up on attempts
-   * without stopping them), so a caller never reuses the `into` of a failed get.
+   * returned. Once the call resolved WITH `into` (returned it), nothing writes into it any
+   * more. Otherwise an attempt given up on may still be receiving into it (RetryingObjectStore
+   * gives up on attempts without stopping them, and reads the retry into memory of its own),
+   * so a caller reuses `into` only after a get that returned it: never after a rejection, nor
+   * after a get that returned another buffer.
    */
   get(key: string, range?: ByteRange, into?: Buffer): Promise<Buffer>;
   put(key: string, body: Buffer, options?: PutOptions): Promise<void>;

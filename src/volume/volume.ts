@@ -1900,11 +1900,16 @@ export class Volume implements BlockBackend {
         // A private copy (an abandoned put may still be sending it after the arena was reused:
         // ArenaChunk), in a pooled buffer: its lease is let go only once the put succeeded and
         // the body reached the cache (publish); on any other path it is left to the collector.
+        // "Succeeded" means at the first try: a put that needed a retry gave up on an attempt
+        // that may still be reading the body (a transport or decorator that abandons an
+        // attempt without stopping it: BATON_FAULTS' injected timeouts do), and reusing the
+        // body would let that attempt land the next segment's bytes under this key (reviewed
+        // finding: a flushed write read back wrong). So its lease is dropped, never let go.
         const { body, lease } = this.bodies.take(s.size);
         s.body = await concatInSlices(s.parts, s.size, slice, body);
         s.bodyLease = lease;
         if (a.dropped) return;
-        await this.store.put(s.key, s.body);
+        await this.store.put(s.key, s.body, { onRetry: () => { s.bodyLease = null; } });
       } finally {
         this.uploadSlots.release();
       }

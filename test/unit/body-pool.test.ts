@@ -6,15 +6,18 @@
 import test from 'ava';
 import { createHash } from 'node:crypto';
 import { BlockCache, CACHE_BLOCK, type Slab } from '../../src/cache.js';
+import { StoreUnavailableError } from '../../src/errors.js';
 import { silentLogger } from '../../src/log.js';
 import { MemoryObjectStore } from '../../src/store/memory.js';
+import { FaultyObjectStore, RetryingObjectStore } from '../../src/store/decorators.js';
 import type { ByteRange, ListOptions, ObjectHead, ObjectInfo, ObjectStore, PutOptions } from '../../src/store/object-store.js';
 import { BodyPool } from '../../src/body-pool.js';
 import { systemWorld, type World } from '../../src/clock.js';
 import { StoreCatalog } from '../../src/volume/catalog.js';
 import type { Volume } from '../../src/volume/volume.js';
 
-const MiB = 1024 * 1024;
+const KiB = 1024;
+const MiB = 1024 * KiB;
 const sha = (b: Buffer): string => createHash('sha256').update(b).digest('hex');
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
 
@@ -203,6 +206,48 @@ test('a segment body is reused only after its put succeeded and the cache wrote 
   await v.close();
 });
 
+/** Segment puts that read their body late (as S3's sender does, a slice per turn): the next one waits `lateMs` before the inner put copies it. */
+class LateReadingStore extends PassThroughStore {
+  override readonly description = 'late-reading';
+  lateNext = 0;
+  override async put(key: string, body: Buffer, options?: PutOptions): Promise<void> {
+    if (key.includes('/seg/') && this.lateNext > 0) { this.lateNext--; await sleep(300); }
+    return this.inner.put(key, body, options);
+  }
+}
+
+test('a segment body whose put needed a retry is never reused: the abandoned attempt may still be sending it (reviewed finding)', async (t) => {
+  // An attempt given up on (here a timeout injected by FaultyObjectStore, under the retrying
+  // store, as BATON_FAULTS builds it) may go on reading its body; once the retry landed and
+  // the body was reused for the next segment, that attempt landed the next segment's bytes
+  // under the first segment's key: a flushed write read back wrong (raw) or failed its check.
+  for (const format of ['framed', 'raw'] as const) {
+    const mem = new MemoryObjectStore();
+    const late = new LateReadingStore(mem);
+    const faulty = new FaultyObjectStore(late, { ops: ['put'], timeoutRate: 0, timeoutMs: 20, seed: 1 });
+    const store = new RetryingObjectStore(faulty, { budgetMs: 60_000, baseDelayMs: 5, onRetry: () => faulty.setFaults({ timeoutRate: 0 }) });
+    const catalog = new StoreCatalog({ store, log: silentLogger(), cache: () => BlockCache.open({ capacityBytes: 64 * MiB }), volume: { segmentBytes: 256 * KiB } });
+    await catalog.create('v', 64 * MiB, { format });
+    const v = (await catalog.open('v', { readOnly: false })).backend as Volume;
+    const a = Buffer.alloc(256 * KiB, 0xaa);
+    const b = Buffer.alloc(256 * KiB, 0xbb);
+    await v.write(0, a, false);
+    faulty.setFaults({ timeoutRate: 1 });
+    late.lateNext = 1; // A's segment: its first attempt times out and keeps "sending"
+    await v.flush();
+    await sleep(20);
+    await v.write(1 * MiB, b, false);
+    await v.flush(); // B's segment in whatever body the pool hands out
+    await sleep(400); // the abandoned attempt of A's segment lands now
+    await v.close();
+    const fresh = new StoreCatalog({ store: mem, log: silentLogger(), cache: () => BlockCache.open({ capacityBytes: 64 * MiB }) });
+    const w = (await fresh.open('v', { readOnly: true })).backend as Volume;
+    t.true((await w.read(0, 256 * KiB)).equals(a), `${format}: A reads back as flushed`);
+    t.true((await w.read(1 * MiB, 256 * KiB)).equals(b), `${format}: B too`);
+    await w.close();
+  }
+});
+
 /** A store that hands GETs' `into` to the memory store, and fails some after "sending" them: their `into` is written later, as by an abandoned attempt. */
 class IntoStore extends PassThroughStore {
   override readonly description = 'into';
@@ -274,6 +319,41 @@ test('a GET body is reused only after its GET succeeded, the cache wrote its blo
   t.true(pool.reused > 4, `GET bodies reused (${pool.reused})`);
   t.is(store.reusedAfterFailure, 0, 'a failed GET\'s memory was never handed to a later GET');
   t.is(slab.changed, 0, 'no block\'s bytes changed while its slab write waited');
+  await cache.close();
+});
+
+test('a GET retried by the retrying store: the retry reads into memory of its own, and the body its failed attempt had is never reused (reviewed finding)', async (t) => {
+  // The failed attempt goes on writing into `into` (IntoStore fills it 5 ms later); a retry
+  // into the same memory, then reused by the pool, took those late bytes.
+  const mem = new MemoryObjectStore();
+  const objects: Buffer[] = [];
+  for (let i = 0; i < 12; i++) {
+    const b = Buffer.alloc(8 * MiB);
+    for (let k = 0; k < b.length; k += 4096) b.writeUInt32LE((i << 20) + k / 4096, k);
+    objects.push(b);
+    await mem.put(`o${i}`, b);
+  }
+  const inner = new (class extends IntoStore {
+    override get(key: string, range?: ByteRange, into?: Buffer): Promise<Buffer> {
+      return super.get(key, range, into).catch((err: unknown) => { throw new StoreUnavailableError(String(err)); }); // one the retrying store retries
+    }
+  })(mem);
+  inner.failEvery = 3;
+  const store = new RetryingObjectStore(inner, { budgetMs: 10_000, baseDelayMs: 1, maxDelayMs: 2 });
+  const cache = await BlockCache.open({ capacityBytes: 32 * MiB }); // 4 objects: the rest are evicted and fetched again
+  const pool = (cache as unknown as { getBodies: BodyPool }).getBodies;
+  for (let round = 0; round < 4; round++) {
+    for (let i = 0; i < objects.length; i++) {
+      const out = Buffer.alloc(64 * KiB);
+      const off = ((i + round) % 4) * 64 * KiB;
+      await cache.read(store, `o${i}`, 8 * MiB, off, out.length, out, 0, 8 * MiB);
+      await sleep(8); // a failed attempt's late bytes land meanwhile
+      t.true(out.equals(objects[i]!.subarray(off, off + out.length)), `round ${round}, o${i} at ${off}`);
+    }
+  }
+  t.true(inner.failedIntos.size > 0, 'some GETs failed and were retried');
+  t.true(pool.reused > 0, `GET bodies reused (${pool.reused})`);
+  t.is(inner.reusedAfterFailure, 0, 'memory a failed attempt had was never handed to a later GET');
   await cache.close();
 });
 
