@@ -141,6 +141,10 @@
  *     objects, as in the fixed point before). If S was removed before T1, F landed after T1
  *     (it is not listed), so F's confirmSource (catalog.ts), which reads S's record after F
  *     landed, finds it gone and undoes F: it is never acknowledged and no volume maps it.
+ *     If S's record is listed at T1 but gone when read, map_L(S) is not in R: F (listed or
+ *     not) landed before S's record went (its confirmSource found S after it landed), so
+ *     before our read found it gone; the run then lists the records again, as after a live
+ *     load, and that listing holds F (listRecords' `vanished`).
  * (d) A map a host recovers, or a writer holds, at any time after L is covered by (a). Maps
  *     computed as of the listing are therefore never less than the live loads after L that
  *     runs made before this change (what those kept among the candidates, these keep).
@@ -335,7 +339,7 @@ interface ListedRecord { rec: VolumeRecord; etag: string | null }
  * not the one the previous run read (a record's bytes never change under one etag; a name
  * removed and made again is a new put with another etag).
  */
-async function listRecords(store: ObjectStore, previous: Map<string, Contribution> | null): Promise<ListedRecord[]> {
+async function listRecords(store: ObjectStore, previous: Map<string, Contribution> | null): Promise<{ records: ListedRecord[]; vanished: number }> {
   const objs = await listAll(store, keys.volumesPrefix, { etags: true });
   const recs = await mapLimit(objs, 8, async (o): Promise<ListedRecord | null> => {
     const prev = previous?.get(o.key.slice(keys.volumesPrefix.length));
@@ -343,11 +347,12 @@ async function listRecords(store: ObjectStore, previous: Map<string, Contributio
     try {
       return { rec: decodeVolumeRecord(await store.get(o.key), o.key), etag: o.etag ?? null };
     } catch (err) {
-      if (err instanceof NotFoundError) return null; // removed while we listed
+      if (err instanceof NotFoundError) return null; // removed after it was listed: see collectReferences
       throw err;
     }
   });
-  return recs.filter((r): r is ListedRecord => r !== null);
+  const records = recs.filter((r): r is ListedRecord => r !== null);
+  return { records, vanished: recs.length - records.length };
 }
 
 interface ReferenceSet {
@@ -472,12 +477,20 @@ async function referenceSet(catalog: StoreCatalog, maxOpMs: number, log: Logger 
     await waitUntil((round === 0 ? listedAt : lastLiveLoad) + bounds.fixedPointWaitMs);
     const prior = await previous;
     recordListings++;
-    const fresh = (await listRecords(store, prior)).filter((r) => !computed.has(r.rec.id));
-    if (round > 0 && fresh.length === 0) break;
+    const listed = await listRecords(store, prior);
+    const fresh = listed.records.filter((r) => !computed.has(r.rec.id));
+    // A record listed but gone when read is no map in R: a fork of it that landed after the
+    // listing (so is not in it) and confirmed its source before the source went needs what
+    // that map held, and (c) in the header no longer covers it. It landed before our read
+    // found the source gone, so the next listing holds it: a vanished record counts as a
+    // live load (reviewed finding: without this GC marked, and a later run deleted, a
+    // removed source's objects its fork's child maps).
+    if (listed.vanished > 0) lastLiveLoad = world.now();
+    if (round > 0 && fresh.length === 0 && listed.vanished === 0) break;
     if (round >= 20) throw new Error('records keep appearing (forks created non-stop?); try again later; nothing was deleted');
     for (const r of fresh) computed.add(r.rec.id);
     await mapLimit(fresh, 4, (r) => addRecord(r, round, prior));
-    if (live === 0) break; // every map is as of the listing: no later listing can add a need (header)
+    if (live === 0 && listed.vanished === 0) break; // every map is as of the listing: no later listing can add a need (header)
   }
   return { refs, records: computed.size, writableIds, contributions, reused, live, recordListings };
 }

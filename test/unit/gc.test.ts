@@ -7,7 +7,7 @@ import { BlockCache } from '../../src/cache.js';
 import { InvalidArgumentError } from '../../src/errors.js';
 import { silentLogger } from '../../src/log.js';
 import { MemoryObjectStore } from '../../src/store/memory.js';
-import { listAll } from '../../src/store/object-store.js';
+import { listAll, type ObjectStore } from '../../src/store/object-store.js';
 import { StoreCatalog } from '../../src/volume/catalog.js';
 import { collectGarbage } from '../../src/volume/gc.js';
 import type { Volume } from '../../src/volume/volume.js';
@@ -328,4 +328,55 @@ test('accounting of one volume loads only its relatives\' maps and agrees with a
   const other = await catalog.infoWithAccounting('other');
   t.is(other.exclusiveBytes, 4 * MiB);
   t.deepEqual([...new Set(listed)], [otherId], 'a volume without relatives loads only its own map');
+});
+
+test('a record listed but gone when GC reads it makes GC list the records again: a fork that landed meanwhile keeps what its removed source held (reviewed finding)', async (t) => {
+  // GC lists volumes/ (S is there), a fork S -> F lands, rm S keeps S's data for F, then GC's
+  // GET of S's record finds it gone. Without another listing F was never computed, and S's
+  // meta, checkpoint and segments were marked (a later run that misses them the same way deletes them).
+  const Mq = 400;
+  const Gq = 2 * Mq;
+  let now = Date.parse('2026-01-01T00:00:00Z');
+  const inner = new MemoryObjectStore('memory:', () => new Date(now));
+  let gateKey: string | null = null;
+  let held: (() => void) | null = null;
+  let release: (() => void) | null = null;
+  const gated: ObjectStore = {
+    description: 'gated',
+    async get(k, r, i) {
+      if (k === gateKey) { gateKey = null; await new Promise<void>((res) => { release = res; held?.(); }); }
+      return inner.get(k, r, i);
+    },
+    put: (k, b, o) => inner.put(k, b, o), head: (k) => inner.head(k), list: (p, o) => inner.list(p, o),
+    delete: (k) => inner.delete(k), close: () => inner.close(),
+  };
+  const cache = BlockCache.open({ capacityBytes: 64 * MiB });
+  const opts = { log: silentLogger(), cache: () => cache, volume: { maxOperationMs: Mq, segmentBytes: MiB } };
+  const admin = new StoreCatalog({ store: inner, ...opts });
+  const gcCatalog = new StoreCatalog({ store: gated, ...opts });
+  await admin.create('S', 16 * MiB);
+  const v = (await admin.open('S', { readOnly: false })).backend as Volume;
+  await v.takeover(1);
+  await v.write(0, Buffer.alloc(2 * MiB, 7), false);
+  await v.flush();
+  await v.close();
+  const sId = (await admin.rawRecord('S')).id;
+  now += 3 * Gq; // everything is old enough to be a candidate
+  gateKey = 'volumes/S';
+  const heldP = new Promise<void>((r) => { held = r; });
+  const run = collectGarbage(gcCatalog, { graceMs: Gq, maxOperationMs: Mq });
+  await heldP; // GC listed volumes/ (S), its GET of S's record waits
+  await admin.fork('S', 'F');
+  const rm = await admin.remove('S');
+  t.true(rm.keptForRelatives, 'rm kept S\'s data for F');
+  release!();
+  const res = await run;
+  t.true(res.recordListings >= 2, `the records listed again (${res.recordListings} listings)`);
+  const marked: string[] = [];
+  for (const m of await listAll(inner, 'gc/marks/')) marked.push(...(JSON.parse((await inner.get(m.key)).toString()) as { keys: string[] }).keys);
+  const needed = marked.filter((k) => k.startsWith(`vol/${sId}/`) && !k.includes('/log/'));
+  t.deepEqual(needed, [], 'nothing of S that F maps is marked (its log below the checkpoint may be)');
+  const f = await admin.open('F', { readOnly: true });
+  t.true((await f.backend.read(0, 4096)).equals(Buffer.alloc(4096, 7)), 'F reads S\'s data');
+  await (f.backend as Volume).close();
 });
