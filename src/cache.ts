@@ -25,6 +25,7 @@ import * as fs from 'node:fs';
 import * as fsp from 'node:fs/promises';
 import * as path from 'node:path';
 import { randomBytes } from 'node:crypto';
+import { CorruptError } from './errors.js';
 import { Slots } from './slots.js';
 import { WRITE_CHUNK_BYTES } from './store/local-dir.js';
 import type { ObjectStore } from './store/object-store.js';
@@ -362,6 +363,12 @@ export class BlockCache {
    * succeeded; fetches themselves never see `out`.
    */
   async read(store: ObjectStore, key: string, objectSize: number, offset: number, length: number, out: Buffer, outOff: number, readahead = 0): Promise<void> {
+    // Blocks are cached under the object's key whatever their length, so a range past the
+    // object's end (damaged metadata naming a raw object: framed ones are bounded when their
+    // records are read) would copy short, or from the slot of a block that was never there,
+    // i.e. another object's bytes (reviewed finding). Refused here, and checked per block below.
+    if (length === 0) return;
+    if (offset < 0 || offset + length > objectSize) throw new CorruptError(`${key}: a read of [${offset}, ${offset + length}) does not lie within the object's ${objectSize} bytes (damaged metadata?)`);
     const first = Math.floor(offset / CACHE_BLOCK);
     const last = Math.floor((offset + length - 1) / CACHE_BLOCK);
     // Plan: for each block, the cache entry (pinned until we are done) or the fetch that brings it.
@@ -430,6 +437,7 @@ export class BlockCache {
         const f = fetched[i];
         if (f) { f.data.copy(out, dst, from - f.start, to - f.start); continue; }
         const e = entries[i]!;
+        if (to - blockStart > e.length) throw new CorruptError(`${key}: block ${blk} holds ${e.length} bytes, a read wants ${to - blockStart} (the object is shorter than the metadata naming it says)`);
         if (e.data) { e.data.copy(out, dst, from - blockStart, to - blockStart); continue; }
         if (!e.dropped) {
           // data === null: the slab write succeeded, so the slot holds this block.
@@ -475,6 +483,7 @@ export class BlockCache {
       const from = Math.max(offset, blockStart);
       const to = Math.min(offset + length, blockStart + CACHE_BLOCK);
       const dst = outOff + (from - offset);
+      if (to - blockStart > e.length) return false; // past what the block holds: read() says so
       if (e.data) { e.data.copy(out, dst, from - blockStart, to - blockStart); continue; }
       try {
         slab.readSync(e.slot, out, dst, from - blockStart, to - from);
@@ -593,6 +602,8 @@ export class BlockCache {
     let filledPooled = false;
     const p = (async (): Promise<Fetched> => {
       const data = await store.get(key, { offset: start, length: end - start }, pooled?.body);
+      // Every store checks a ranged body's length; a short one here must never become blocks.
+      if (data.length !== end - start) throw new CorruptError(`${key}: a GET of [${start}, ${end}) returned ${data.length} bytes`);
       this.stats.fetches++;
       this.stats.bytesFetched += data.length;
       // The blocks hold the pooled body only if the store read into it (it may return its own,

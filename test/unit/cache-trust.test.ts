@@ -7,7 +7,7 @@ import { BlockCache, CACHE_BLOCK, MemorySlab, type CacheLogger, type Slab } from
 import { InstrumentedObjectStore, seededRandom } from '../../src/store/decorators.js';
 import { MemoryObjectStore } from '../../src/store/memory.js';
 import type { ByteRange, ObjectStore } from '../../src/store/object-store.js';
-import { StoreUnavailableError } from '../../src/errors.js';
+import { CorruptError, StoreUnavailableError } from '../../src/errors.js';
 
 function bytes(seed: number, n: number): Buffer {
   const r = seededRandom(seed);
@@ -285,4 +285,35 @@ test('9: a failed cache-disk read is not a failed read: the block comes from the
   t.is(store.stats().get.requests, 1);
   t.true(await readBlock(cache, store, 'o', obj, 0));
   t.is(store.stats().get.requests, 1, 'cached again');
+});
+
+test('a read past the end of its object never becomes blocks: refused, and a short GET too; another object\'s bytes in a reused slot are never served (reviewed finding)', async (t) => {
+  // Blocks are cached under the object's key whatever their length. Before, a read of a range
+  // past the object's end (damaged metadata naming a raw object) resolved with bytes left
+  // unwritten and cached a 0-byte block, whose later reads copied a whole block from its
+  // slot: what another object left there.
+  const store = new MemoryObjectStore();
+  const other = Buffer.alloc(16 * CACHE_BLOCK, 0x53);
+  await store.put('vol/other/seg/1', other);
+  await store.put('vol/mine/seg/1', Buffer.alloc(CACHE_BLOCK, 0x41));
+  const cache = await BlockCache.open({ capacityBytes: 16 * CACHE_BLOCK });
+  await cache.read(store, 'vol/other/seg/1', other.length, 0, other.length, Buffer.alloc(other.length), 0);
+  await cache.drain();
+  const out = Buffer.alloc(2 * CACHE_BLOCK, 0xee);
+  await t.throwsAsync(cache.read(store, 'vol/mine/seg/1', CACHE_BLOCK, 0, 2 * CACHE_BLOCK, out, 0), { instanceOf: CorruptError }, 'a range past the size it was given');
+  await t.throwsAsync(cache.read(store, 'vol/mine/seg/1', 2 * CACHE_BLOCK, 0, 2 * CACHE_BLOCK, out, 0), undefined, 'a size the object does not have: the store refuses the range (or a short body is refused)');
+  await cache.drain();
+  t.false(cache.readNow('vol/mine/seg/1', 0, 2 * CACHE_BLOCK, out, 0), 'nothing to answer on the spot');
+  t.is(cache.missingBytes('vol/mine/seg/1', 2 * CACHE_BLOCK, CACHE_BLOCK, CACHE_BLOCK), CACHE_BLOCK, 'no block cached past the object\'s end');
+  const first = Buffer.alloc(CACHE_BLOCK);
+  await cache.read(store, 'vol/mine/seg/1', CACHE_BLOCK, 0, CACHE_BLOCK, first, 0);
+  t.true(first.equals(Buffer.alloc(CACHE_BLOCK, 0x41)), 'the object itself still reads');
+  // A store that answers a ranged GET short (no store of ours does; the cache does not trust it).
+  const short: ObjectStore = Object.assign(Object.create(store) as ObjectStore, {
+    get: async (key: string, range?: ByteRange) => (await store.get(key, range)).subarray(0, (range?.length ?? 1) - 1),
+  });
+  await store.put('vol/third/seg/1', Buffer.alloc(CACHE_BLOCK, 0x33));
+  await t.throwsAsync(cache.read(short, 'vol/third/seg/1', CACHE_BLOCK, 1, 10, Buffer.alloc(10), 0), { instanceOf: CorruptError }, 'a short body is refused');
+  t.is(cache.missingBytes('vol/third/seg/1', CACHE_BLOCK, 0, CACHE_BLOCK), CACHE_BLOCK, 'and never cached');
+  await cache.close();
 });
