@@ -114,7 +114,7 @@ export class StoreCatalog implements VolumeCatalog {
     const rec = await this.landRecord(name, 'create', async () => {
       const id = randomId(this.world, 8);
       const enc = opts.encrypt ? { encryption: newEncryption(master, name, id, this.world) } : {};
-      return { format: 'baton-volume-1', name, id, size, createdAt: this.world.wallTime().toISOString(), data: { ...data, ...enc }, ...(opts.expiresAt ? { expiresAt: opts.expiresAt } : {}), forksMarked: true };
+      return { format: 'baton-volume-1', name, id, size, createdAt: this.world.wallTime().toISOString(), data: { ...data, ...enc }, ...(opts.expiresAt ? { expiresAt: opts.expiresAt } : {}), forksMarked: true, settles: true };
     }, 'if it is there, it was created; if not, nothing needs cleaning up');
     return { name, size, createdAt: rec.createdAt, storedBytes: 0, kind: 'volume', ...(rec.expiresAt ? { expiresAt: rec.expiresAt } : {}) };
   }
@@ -177,6 +177,7 @@ export class StoreCatalog implements VolumeCatalog {
       if (landed && ms <= budgetMs) {
         await confirm?.(rec);
         if (uncertain) await this.settle(rec, verb);
+        await this.markSettled(rec, verb);
         return rec;
       }
       await this.abandon(rec, landed, verb);
@@ -202,6 +203,21 @@ export class StoreCatalog implements VolumeCatalog {
     this.opts.log.info({ name: rec.name, id: rec.id, waitMs: this.maxOpMs },
       `${verb} of ${rec.name} landed after a retry: waiting until the earlier try can no longer land (M, BATON_MAX_OPERATION_MS), so that a quick rm cannot be undone by it`);
     await this.wait(this.maxOpMs);
+  }
+
+  /**
+   * The record stands for good: nothing of this attempt will undo it. Until this lands, a fork
+   * of the record checks the record's own source as well (confirmSource), because an attempt
+   * is undone after its name landed when its source went first, and a fork made of it in
+   * between would map data that rm deleted (reviewed finding). Best effort: a record whose
+   * marker never lands is still whole; forks of it then keep checking its source.
+   */
+  private async markSettled(rec: VolumeRecord, verb: string): Promise<void> {
+    try {
+      await this.opts.store.put(keys.settled(rec.id), Buffer.alloc(0));
+    } catch (err) {
+      this.opts.log.warn({ name: rec.name, id: rec.id, err: errorMessage(err) }, `${verb} of ${rec.name} done, but its settled marker could not be put: forks of it will also check its source while that is missing`);
+    }
   }
 
   /**
@@ -249,7 +265,11 @@ export class StoreCatalog implements VolumeCatalog {
       let holder: VolumeRecord | null;
       try { holder = await this.recordOrNull(rec.name); } catch (err) { throw failed(err); }
       if (holder === null || holder.id !== rec.id) {
-        await this.opts.store.delete(keys.meta(rec.id)).catch(() => {}); // never named: if this fails, GC deletes it
+        // Its name landed, so a fork of it may have been made before it went (such a fork
+        // checked this record's source, confirmSource): that fork's ancestry runs through this
+        // meta, which then stays for GC (which keeps it while anything descends from it).
+        const forked = landed ? await this.hasDescendants(rec.id).catch(() => true) : false;
+        if (!forked) await this.opts.store.delete(keys.meta(rec.id)).catch(() => {}); // never named: if this fails, GC deletes it
         if (holder !== null) throw new AlreadyExistsError(`${rec.snapshot ? 'snapshot' : 'volume'} "${rec.name}" already exists in ${this.description} (made by someone else while ours was being undone)`);
         return;
       }
@@ -366,10 +386,23 @@ export class StoreCatalog implements VolumeCatalog {
    * rm sees our record (and keeps the data) or we see the source gone (and undo the fork).
    */
   private async confirmSource(srcName: string, src: VolumeRecord, rec: VolumeRecord): Promise<void> {
-    const still = await this.rawRecord(srcName).catch((err) => { if (err instanceof NotFoundError) return null; throw err; });
-    if (still && still.id === src.id) return;
+    const named = (name: string, id: string): Promise<boolean> => this.rawRecord(name).then((r) => r.id === id, (err) => { if (err instanceof NotFoundError) return false; throw err; });
+    // A source that is not settled yet may itself still be undone (its own source went before
+    // its name landed). Its maker's check is repeated here: its source named as it read it,
+    // after our record landed. Then either that source's rm sees our record (through our
+    // ancestry) and keeps the data, or we see it gone and undo ourselves; and if the source
+    // is undone anyway later, its meta stays for us (abandon). Settled: nothing to repeat.
+    const [still, settled] = await Promise.all([
+      named(srcName, src.id),
+      src.settles && src.source ? this.opts.store.head(keys.settled(src.id)).then((h) => h !== null) : Promise.resolve(true),
+    ]);
+    const grand = src.source;
+    const ok = still && (settled || grand === undefined || await named(grand.name, grand.id));
+    if (ok) return;
     await this.abandon(rec, true, rec.snapshot ? 'snapshot' : 'fork', `lost its source ${srcName}`); // waited out: no late try of our put re-creates it
-    throw new NotFoundError(`${srcName} was removed while ${rec.name} was being made from it; nothing was created`);
+    throw new NotFoundError(still
+      ? `${srcName} was still being made from ${grand!.name}, which was removed meanwhile, so ${srcName} may be undone; nothing was created (try again: once ${srcName} is settled a fork of it needs nothing of ${grand!.name})`
+      : `${srcName} was removed while ${rec.name} was being made from it; nothing was created`);
   }
 
   /**
@@ -378,11 +411,13 @@ export class StoreCatalog implements VolumeCatalog {
    * protected only by GC's grace period (>= 2x maxOperationMs, see gc.ts); an attempt slower
    * than half of that is undone and made again, never trusted (landRecord).
    *
-   * Round trips in sequence (each a store request's time): 5. (1) the source's record; (2) its
+   * Round trips in sequence (each a store request's time): 6. (1) the source's record; (2) its
    * attribute records, checkpoints and log, listed together (forkPoint); (3) the meta and the
    * fork marker; (4) the name; (5) the check that the source is still there (confirmSource,
    * which must follow the name's landing: GC's argument, gc.ts case (c), relies on a fork
-   * that lands naming a source that was still there when it landed).
+   * that lands naming a source that was still there when it landed), with whether the source
+   * is settled; (6) our settled marker (markSettled). A source not settled yet costs one more
+   * (its own source's record, after (5)).
    * A source that was resized or given an expiry (attribute records) costs two more: their
    * bodies, then the fork point again, so that those reads never widen the window above.
    */
@@ -414,6 +449,8 @@ export class StoreCatalog implements VolumeCatalog {
         ...(src.recoverySize !== undefined && src.recoverySize > src.size ? { recoverySize: src.recoverySize } : {}),
         ...(opts.expiresAt ? { expiresAt: opts.expiresAt } : {}),
         forksMarked: true as const,
+        settles: true as const,
+        source: { name: srcName, id: raw.id },
       };
     },
     // A record that may land after we gave up could land later than GC allows (landRecord).

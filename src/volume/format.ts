@@ -67,6 +67,8 @@ export const keys = {
   /** Fork markers: an empty object per fork or snapshot of `parentId`, naming the child (FORK_MARKER_RE). */
   forksPrefix: (parentId: string) => `vol/${parentId}/forks/`,
   forkMarker: (parentId: string, childId: string, childName: string) => `vol/${parentId}/forks/${childId}/${childName}`,
+  /** Put by a record's maker once the record stands for good (catalog.ts landRecord, `settles`): empty. */
+  settled: (id: string) => `vol/${id}/settled`,
 };
 
 /**
@@ -156,6 +158,15 @@ export interface VolumeRecord {
    * root, by a baton as new or newer: mixed versions are not supported for writing).
    */
   forksMarked?: true;
+  /**
+   * Its maker puts keys.settled(id) once the record stands for good (catalog.ts landRecord):
+   * until then a fork or snapshot may still be undone after its name landed (its source
+   * went first), and a fork made of it meanwhile must not trust it (derive). Absent in
+   * records made before: those are trusted as before.
+   */
+  settles?: true;
+  /** A fork's or snapshot's source as it was read (name and id): what a fork of this one checks while this one is not settled. */
+  source?: { name: string; id: string };
 }
 
 /**

@@ -141,6 +141,9 @@
  *     objects, as in the fixed point before). If S was removed before T1, F landed after T1
  *     (it is not listed), so F's confirmSource (catalog.ts), which reads S's record after F
  *     landed, finds it gone and undoes F: it is never acknowledged and no volume maps it.
+ *     (Nor one made of F before F's check ran: F is not settled then, so such a fork repeats
+ *     F's check after it landed, catalog.ts confirmSource, and undoes itself too; an undone
+ *     record a fork did descend from keeps its meta, abandon.)
  *     If S's record is listed at T1 but gone when read, map_L(S) is not in R: F (listed or
  *     not) landed before S's record went (its confirmSource found S after it landed), so
  *     before our read found it gone; the run then lists the records again, as after a live
@@ -558,6 +561,9 @@ export async function collectGarbage(catalog: StoreCatalog, opts: GcOptions = {}
   for (const o of objects) {
     const f = forkMarkerOf(o.key);
     if (f !== null && refs.has(keys.meta(f.child))) refs.add(o.key);
+    // Likewise a record's settled marker (catalog.ts markSettled) lives as long as its meta.
+    const id = idOf(o.key);
+    if (id !== null && o.key === keys.settled(id) && refs.has(keys.meta(id))) refs.add(o.key);
   }
   for (const o of objects) {
     const id = idOf(o.key);

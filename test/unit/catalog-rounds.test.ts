@@ -29,24 +29,24 @@ async function written(s: S, name: string, n: number): Promise<void> {
   await s.world.drive(v.close());
 }
 
-test('a fork and a snapshot wait for 5 round trips (a fork of a snapshot 4), whatever the log holds', async (t) => {
+test('a fork and a snapshot wait for 6 round trips (a fork of a snapshot 5), whatever the log holds', async (t) => {
   const s = setup();
   await written(s, 'src', 3);
-  t.is(await rounds(s, () => s.catalog.fork('src', 'f1')), 5, 'fork: the record; attributes, checkpoints and log; meta and marker; name; the source check');
-  t.is(await rounds(s, () => s.catalog.snapshot('src', 'snap')), 5, 'snapshot');
-  t.is(await rounds(s, () => s.catalog.fork('src@snap', 'f2')), 4, 'fork of a snapshot: its fork point is in its record, nothing to list');
-  t.is(await rounds(s, () => s.catalog.fork('f1', 'f3')), 5, 'fork of a fork never written to (its point is its parent\'s)');
+  t.is(await rounds(s, () => s.catalog.fork('src', 'f1')), 6, 'fork: the record; attributes, checkpoints and log; meta and marker; name; the source check; the settled marker');
+  t.is(await rounds(s, () => s.catalog.snapshot('src', 'snap')), 6, 'snapshot');
+  t.is(await rounds(s, () => s.catalog.fork('src@snap', 'f2')), 5, 'fork of a snapshot: its fork point is in its record, nothing to list');
+  t.is(await rounds(s, () => s.catalog.fork('f1', 'f3')), 6, 'fork of a (settled) fork never written to (its point is its parent\'s)');
   const f3 = await s.world.drive(s.catalog.record('f3'));
   const src = await s.world.drive(s.catalog.record('src'));
   t.is(f3.parent?.id, src.id, 'f3 starts where f1 did');
   t.is(f3.parent?.seq, (await s.world.drive(s.catalog.record('f1'))).parent?.seq);
 });
 
-test('a fork of a resized source reads its attribute records, then its fork point again (7 round trips), and has the new size', async (t) => {
+test('a fork of a resized source reads its attribute records, then its fork point again (8 round trips), and has the new size', async (t) => {
   const s = setup();
   await written(s, 'src', 2);
   await s.world.drive(s.catalog.resize('src', 128 * MiB));
-  t.is(await rounds(s, () => s.catalog.fork('src', 'f')), 7);
+  t.is(await rounds(s, () => s.catalog.fork('src', 'f')), 8);
   t.is((await s.world.drive(s.catalog.record('f'))).size, 128 * MiB);
 });
 
@@ -74,7 +74,7 @@ test('a log longer than a listing page below the newest checkpoint: listed again
   const listed: string[] = [];
   const fate = s.net.fate;
   s.net.fate = (r) => { if (r.op === 'list') listed.push(r.key); return fate(r); };
-  t.is(await rounds(s, () => s.catalog.snapshot('src', 'snap')), 6);
+  t.is(await rounds(s, () => s.catalog.snapshot('src', 'snap')), 7);
   t.is((await s.world.drive(s.catalog.record('src@snap'))).parent?.seq, 1103);
   t.is(listed.filter((k) => k === keys.logPrefix(src.id)).length, 2, 'the log was listed twice');
 });

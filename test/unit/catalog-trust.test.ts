@@ -198,7 +198,7 @@ test('the name put fails before it lands (503): create resolves it (absent) and 
   await s.catalog.create('v', 64 * MiB);
   const rec = await s.catalog.record('v');
   t.truthy(await s.store.inner.head(keys.meta(rec.id)));
-  t.is((await listAll(s.store.inner, 'vol/')).length, 1, 'one meta: ours');
+  t.is((await listAll(s.store.inner, 'vol/')).filter((o) => o.key.endsWith('/meta')).length, 1, 'one meta: ours');
 });
 
 test('an ambiguous failure while another host created the same name: AlreadyExists, and the other volume is untouched', async (t) => {
@@ -221,7 +221,7 @@ test('a plain "already exists" still deletes the meta it wrote (nothing can name
   const s = setup();
   await s.catalog.create('v', 64 * MiB);
   await t.throwsAsync(s.catalog.create('v', 64 * MiB), { instanceOf: AlreadyExistsError });
-  t.is((await listAll(s.store.inner, 'vol/')).length, 1);
+  t.is((await listAll(s.store.inner, 'vol/')).filter((o) => o.key.endsWith('/meta')).length, 1);
 });
 
 test('a fork whose name put lands but whose reply is lost: the fork succeeds and opens', async (t) => {
@@ -322,4 +322,83 @@ test('error codes survive rewrapping (the CLI picks exit codes and retries by co
   t.true(isBatonError(err), 'an unknown error becomes a BatonError with a message');
   t.regex(err!.message, /cannot tell .* of w .*socket hang up/);
   t.truthy(await s.catalog.record('w'));
+});
+
+/** A memory store whose requests can be held: `hold(op, key)` holds the next matching request (`reached` once it is held) until `open()`. */
+class HoldingStore implements ObjectStore {
+  readonly description = 'holding';
+  private readonly holds: { op: string; key: string; gate: Promise<void>; reached: () => void }[] = [];
+  constructor(readonly inner: MemoryObjectStore) {}
+  hold(op: string, key: string): { open: () => void; reached: Promise<void> } {
+    let open!: () => void;
+    let reached!: () => void;
+    const r = new Promise<void>((res) => { reached = res; });
+    this.holds.push({ op, key, gate: new Promise<void>((res) => { open = res; }), reached });
+    return { open, reached: r };
+  }
+  private async pass(op: string, key: string): Promise<void> {
+    const i = this.holds.findIndex((h) => h.op === op && h.key === key);
+    if (i < 0) return;
+    const [h] = this.holds.splice(i, 1);
+    h!.reached();
+    await h!.gate;
+  }
+  async get(key: string, range?: ByteRange, into?: Buffer): Promise<Buffer> { await this.pass('get', key); return this.inner.get(key, range, into); }
+  async put(key: string, body: Buffer, o?: PutOptions): Promise<void> { await this.pass('put', key); return this.inner.put(key, body, o); }
+  async head(key: string): Promise<ObjectHead | null> { await this.pass('head', key); return this.inner.head(key); }
+  list(prefix: string, o?: ListOptions): AsyncIterable<ObjectInfo> { return this.inner.list(prefix, o); }
+  async delete(key: string): Promise<void> { await this.pass('delete', key); return this.inner.delete(key); }
+  close(): Promise<void> { return this.inner.close(); }
+}
+
+test('a fork of a fork that has not settled yet, while rm removes the first fork\'s source: the second fork is never left mapping deleted data (reviewed finding)', async (t) => {
+  // fork X F reads X; rm X finds no descendant (F's name has not landed) and deletes X's
+  // objects; F's name lands; before F's check finds X gone (and undoes F), fork F F2 checked
+  // only F's name: F2 was acknowledged, mapping X's deleted data, and every later rm and GC
+  // run failed on its broken ancestry.
+  const inner = new MemoryObjectStore();
+  const store = new HoldingStore(inner);
+  const cache = BlockCache.open({ capacityBytes: 64 * MiB });
+  const catalog = new StoreCatalog({ store, log: silentLogger(), cache: () => cache, volume: { maxOperationMs: 1000, segmentBytes: MiB } });
+  await catalog.create('X', 16 * MiB);
+  const v = (await catalog.open('X', { readOnly: false })).backend as Volume;
+  await v.takeover(1);
+  await v.write(0, Buffer.alloc(MiB, 7), false);
+  await v.flush();
+  await v.close();
+  const name = store.hold('put', keys.volumeRecord('F'));
+  const f = catalog.fork('X', 'F').then(() => 'made', (e: unknown) => (e instanceof NotFoundError ? 'undone' : `failed: ${String(e)}`));
+  await name.reached; // F read X and its fork point, put its meta: its name put waits
+  const rm = await catalog.remove('X');
+  t.false(rm.keptForRelatives, 'rm saw no descendant and deleted X\'s data (F\'s name had not landed)');
+  const confirm = store.hold('get', keys.volumeRecord('X')); // F's check of its source
+  name.open();
+  await confirm.reached; // F's name landed; its check waits
+  const f2 = await catalog.fork('F', 'F2').then(() => 'made', (e: unknown) => (e instanceof NotFoundError ? 'undone' : `failed: ${String(e)}`));
+  confirm.open();
+  t.is(await f, 'undone', 'F found X gone and was undone');
+  t.is(f2, 'undone', 'F2 found F unsettled and F\'s source gone: undone, nothing was created');
+  t.deepEqual((await listAll(inner, 'volumes/')).map((o) => o.key), [], 'no name left');
+  await catalog.create('Y', MiB);
+  await t.notThrowsAsync(catalog.remove('Y'), 'rm of another volume still works');
+});
+
+test('a settled fork of a removed source can be forked: its settled marker says its source check is done', async (t) => {
+  const inner = new MemoryObjectStore();
+  const cache = BlockCache.open({ capacityBytes: 64 * MiB });
+  const catalog = new StoreCatalog({ store: inner, log: silentLogger(), cache: () => cache, volume: { maxOperationMs: 1000, segmentBytes: MiB } });
+  await catalog.create('X', 16 * MiB);
+  const v = (await catalog.open('X', { readOnly: false })).backend as Volume;
+  await v.takeover(1);
+  await v.write(0, Buffer.alloc(MiB, 7), false);
+  await v.flush();
+  await v.close();
+  await catalog.fork('X', 'F');
+  const fId = (await catalog.rawRecord('F')).id;
+  t.truthy(await inner.head(keys.settled(fId)), 'F is settled');
+  t.true((await catalog.remove('X')).keptForRelatives);
+  await catalog.fork('F', 'F2');
+  const f2 = (await catalog.open('F2', { readOnly: true })).backend as Volume;
+  t.true((await f2.read(0, 4096)).equals(Buffer.alloc(4096, 7)));
+  await f2.close();
 });
