@@ -7,13 +7,18 @@
  * them any more.
  *
  * When a body may be reused (the safety argument; BodyLease counts the holders):
- * 1. Its put SUCCEEDED. A store reads none of a body after its put resolved: S3ObjectStore
- *    resolves a PUT only after the request's body was written out ('finish') and answered;
- *    the SDK path is answered after the body was sent; memory stores (and the simulator's)
- *    copy it at the call; the local store (`file:`) is never given one (putParts). A put
- *    that FAILED may have an attempt still sending it (RetryingObjectStore abandons attempts
- *    at its deadline without stopping them: ArenaChunk's note in volume.ts): such a body is
- *    never taken back, the collector frees it.
+ * 1. Its put SUCCEEDED AT THE FIRST TRY. A store reads none of a body after its put resolved:
+ *    S3ObjectStore resolves a PUT only after the request's body was written out ('finish')
+ *    and answered; the SDK path is answered after the body was sent; memory stores (and the
+ *    simulator's) copy it at the call; the local store (`file:`) is never given one
+ *    (putParts). But a put that FAILED, or succeeded only after a retry, may have an attempt
+ *    still sending it (RetryingObjectStore abandons attempts at its deadline without stopping
+ *    them, BATON_FAULTS' injected timeouts leave the inner put running: ArenaChunk's note in
+ *    volume.ts): such a body is never taken back (Volume.upload drops its lease on `onRetry`),
+ *    the collector frees it. (Session 21, a reviewed finding: a body reused after a retried
+ *    put let the abandoned attempt land the next segment's bytes under the first one's key.)
+ *    Likewise a GET body (cache.ts): a retried GET reads into memory of its own, and the
+ *    cache reuses a body only when the store returned it (ObjectStore.get).
  * 2. The read cache no longer holds views of it. A landed segment is written through to the
  *    block cache from its body (BlockCache.insertObject); each cached block keeps a view and
  *    readers copy from it until its slab write succeeded. The cache holds the lease once per

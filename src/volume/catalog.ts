@@ -221,6 +221,22 @@ export class StoreCatalog implements VolumeCatalog {
   }
 
   /**
+   * A source without its settled marker whose own source is gone: either its maker is undoing
+   * it right now (its source went before its name landed), or it stood and the marker never
+   * landed (its maker crashed, or the put failed; the simulator found such a volume that no
+   * fork or snapshot could be made of, ever). Its maker decides within two store requests of
+   * its name's landing (the check's read and the undo's delete, each landing within M of
+   * being sent: format.ts timeBounds): a name the store stamped more than 3M before ours
+   * (both stamps from the store's clock) stands, and the marker is put on its behalf.
+   */
+  private async settledByAge(srcName: string, src: VolumeRecord, ourName: string): Promise<boolean> {
+    const [its, ours] = await Promise.all([this.opts.store.head(keys.volumeRecord(srcName)), this.opts.store.head(keys.volumeRecord(ourName))]);
+    if (!its || !ours || ours.lastModified.getTime() - its.lastModified.getTime() <= 3 * this.maxOpMs) return false;
+    await this.markSettled(src, 'a check');
+    return true;
+  }
+
+  /**
    * Undo an attempt of landRecord that cannot be trusted, or whose source went (confirmSource;
    * `landed`: its name put was answered, else its outcome is unknown), and return only once
    * nothing it sent can land any more, so that the next attempt's record under the same name
@@ -397,11 +413,12 @@ export class StoreCatalog implements VolumeCatalog {
       src.settles && src.source ? this.opts.store.head(keys.settled(src.id)).then((h) => h !== null) : Promise.resolve(true),
     ]);
     const grand = src.source;
-    const ok = still && (settled || grand === undefined || await named(grand.name, grand.id));
+    let ok = still && (settled || grand === undefined || await named(grand.name, grand.id));
+    if (!ok && still) ok = await this.settledByAge(srcName, src, rec.name);
     if (ok) return;
     await this.abandon(rec, true, rec.snapshot ? 'snapshot' : 'fork', `lost its source ${srcName}`); // waited out: no late try of our put re-creates it
     throw new NotFoundError(still
-      ? `${srcName} was still being made from ${grand!.name}, which was removed meanwhile, so ${srcName} may be undone; nothing was created (try again: once ${srcName} is settled a fork of it needs nothing of ${grand!.name})`
+      ? `${srcName} was still being made from ${grand!.name}, which was removed meanwhile, so ${srcName} may be undone; nothing was created (try again in a few minutes: once ${srcName} is settled, or ${Math.round(3 * this.maxOpMs / 1000)} s old, a fork of it needs nothing of ${grand!.name})`
       : `${srcName} was removed while ${rec.name} was being made from it; nothing was created`);
   }
 
