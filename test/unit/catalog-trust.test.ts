@@ -351,6 +351,16 @@ class HoldingStore implements ObjectStore {
   close(): Promise<void> { return this.inner.close(); }
 }
 
+/** Volume X of 16 MiB whose first MiB holds 7s, flushed and closed. */
+async function sourceWithData(catalog: StoreCatalog): Promise<void> {
+  await catalog.create('X', 16 * MiB);
+  const v = (await catalog.open('X', { readOnly: false })).backend as Volume;
+  await v.takeover(1);
+  await v.write(0, Buffer.alloc(MiB, 7), false);
+  await v.flush();
+  await v.close();
+}
+
 test('a fork of a fork that has not settled yet, while rm removes the first fork\'s source: the second fork is never left mapping deleted data (reviewed finding)', async (t) => {
   // fork X F reads X; rm X finds no descendant (F's name has not landed) and deletes X's
   // objects; F's name lands; before F's check finds X gone (and undoes F), fork F F2 checked
@@ -360,12 +370,7 @@ test('a fork of a fork that has not settled yet, while rm removes the first fork
   const store = new HoldingStore(inner);
   const cache = BlockCache.open({ capacityBytes: 64 * MiB });
   const catalog = new StoreCatalog({ store, log: silentLogger(), cache: () => cache, volume: { maxOperationMs: 1000, segmentBytes: MiB } });
-  await catalog.create('X', 16 * MiB);
-  const v = (await catalog.open('X', { readOnly: false })).backend as Volume;
-  await v.takeover(1);
-  await v.write(0, Buffer.alloc(MiB, 7), false);
-  await v.flush();
-  await v.close();
+  await sourceWithData(catalog);
   const name = store.hold('put', keys.volumeRecord('F'));
   const f = catalog.fork('X', 'F').then(() => 'made', (e: unknown) => (e instanceof NotFoundError ? 'undone' : `failed: ${String(e)}`));
   await name.reached; // F read X and its fork point, put its meta: its name put waits
@@ -387,12 +392,7 @@ test('a settled fork of a removed source can be forked: its settled marker says 
   const inner = new MemoryObjectStore();
   const cache = BlockCache.open({ capacityBytes: 64 * MiB });
   const catalog = new StoreCatalog({ store: inner, log: silentLogger(), cache: () => cache, volume: { maxOperationMs: 1000, segmentBytes: MiB } });
-  await catalog.create('X', 16 * MiB);
-  const v = (await catalog.open('X', { readOnly: false })).backend as Volume;
-  await v.takeover(1);
-  await v.write(0, Buffer.alloc(MiB, 7), false);
-  await v.flush();
-  await v.close();
+  await sourceWithData(catalog);
   await catalog.fork('X', 'F');
   const fId = (await catalog.rawRecord('F')).id;
   t.truthy(await inner.head(keys.settled(fId)), 'F is settled');

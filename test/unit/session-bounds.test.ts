@@ -136,6 +136,18 @@ async function volumeOn(size: number): Promise<Volume> {
   return (await catalog.open('v', { readOnly: false })).backend as Volume;
 }
 
+/** The rest of a BlockBackend over `mem` (a test backend spells out only what it changes). */
+function passThrough(mem: MemoryBackend): Pick<BlockBackend, 'write' | 'flush' | 'trim' | 'zero' | 'blockStatus' | 'cache'> {
+  return {
+    write: (o, d) => mem.write(o, d),
+    flush: () => mem.flush(),
+    trim: (o, l) => mem.trim(o, l),
+    zero: (o, l, z) => mem.zero(o, l, z),
+    blockStatus: (o, l, m) => mem.blockStatus(o, l, m),
+    cache: () => mem.cache(),
+  };
+}
+
 // ================================================================== 9.8: CACHE and the in-flight bound
 
 test('eight concurrent CACHE requests of 64 MiB with the in-flight bound at 1 MiB hold at most 1 MiB at once', async (t) => {
@@ -203,12 +215,7 @@ test('a backend with maxConcurrentReads: 64 READs sent at once, never more execu
         executing--;
       }
     },
-    write: (o, d) => mem.write(o, d),
-    flush: () => mem.flush(),
-    trim: (o, l) => mem.trim(o, l),
-    zero: (o, l, z) => mem.zero(o, l, z),
-    blockStatus: (o, l, m) => mem.blockStatus(o, l, m),
-    cache: () => mem.cache(),
+    ...passThrough(mem),
   };
   const { server, sock } = await startServer(t, new Provider(backend));
   const c = await connect(t, sock);
@@ -258,12 +265,7 @@ function countingReadNowBackend(size: number): { backend: BlockBackend; calls: (
       return true;
     },
     read: (o, l, into) => mem.read(o, l, into),
-    write: (o, d) => mem.write(o, d),
-    flush: () => mem.flush(),
-    trim: (o, l) => mem.trim(o, l),
-    zero: (o, l, z) => mem.zero(o, l, z),
-    blockStatus: (o, l, m) => mem.blockStatus(o, l, m),
-    cache: () => mem.cache(),
+    ...passThrough(mem),
   };
   return { backend, calls: () => calls, maxPerTurn: () => maxPerTurn };
 }
