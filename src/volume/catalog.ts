@@ -266,6 +266,7 @@ export class StoreCatalog implements VolumeCatalog {
     const failed = (err: unknown): BatonError => rewrap(err, `${verb === 'create' ? 'creating' : 'making'} ${rec.name} ${why} and undoing it failed (${errorMessage(err)}): `
       + `see baton info ${rec.name}: if it is there, remove it (baton rm ${rec.name}) and make it again; if not, nothing needs cleaning up (an id record left behind is deleted by baton gc)`);
     let ours = landed;
+    let everNamed = landed; // its name was seen naming it at some point: a fork of it may exist
     let since = this.world.now(); // every request of the attempt on the name was issued by now
     for (let round = 1; ; round++) {
       if (ours) {
@@ -284,7 +285,7 @@ export class StoreCatalog implements VolumeCatalog {
         // Its name landed, so a fork of it may have been made before it went (such a fork
         // checked this record's source, confirmSource): that fork's ancestry runs through this
         // meta, which then stays for GC (which keeps it while anything descends from it).
-        const forked = landed ? await this.hasDescendants(rec.id).catch(() => true) : false;
+        const forked = everNamed ? await this.hasDescendants(rec.id).catch(() => true) : false;
         if (!forked) await this.opts.store.delete(keys.meta(rec.id)).catch(() => {}); // never named: if this fails, GC deletes it
         if (holder !== null) throw new AlreadyExistsError(`${rec.snapshot ? 'snapshot' : 'volume'} "${rec.name}" already exists in ${this.description} (made by someone else while ours was being undone)`);
         return;
@@ -292,6 +293,7 @@ export class StoreCatalog implements VolumeCatalog {
       if (round >= 3) throw failed(new TimeoutError(`a request of the undone attempt landed more than ${this.maxOpMs} ms (BATON_MAX_OPERATION_MS) after it was issued`));
       this.opts.log.warn({ name: rec.name, id: rec.id }, `${verb} undone, but a late copy of its name put landed afterwards; undoing it again`);
       ours = true;
+      everNamed = true;
     }
   }
 
@@ -402,23 +404,34 @@ export class StoreCatalog implements VolumeCatalog {
    * rm sees our record (and keeps the data) or we see the source gone (and undo the fork).
    */
   private async confirmSource(srcName: string, src: VolumeRecord, rec: VolumeRecord): Promise<void> {
-    const named = (name: string, id: string): Promise<boolean> => this.rawRecord(name).then((r) => r.id === id, (err) => { if (err instanceof NotFoundError) return false; throw err; });
+    const named = (name: string, id: string): Promise<VolumeRecord | null> => this.rawRecord(name).then((r) => (r.id === id ? r : null), (err) => { if (err instanceof NotFoundError) return null; throw err; });
+    const settledOf = (r: VolumeRecord): Promise<boolean> => (r.settles && r.source ? this.opts.store.head(keys.settled(r.id)).then((h) => h !== null) : Promise.resolve(true));
     // A source that is not settled yet may itself still be undone (its own source went before
-    // its name landed). Its maker's check is repeated here: its source named as it read it,
-    // after our record landed. Then either that source's rm sees our record (through our
-    // ancestry) and keeps the data, or we see it gone and undo ourselves; and if the source
-    // is undone anyway later, its meta stays for us (abandon). Settled: nothing to repeat.
-    const [still, settled] = await Promise.all([
-      named(srcName, src.id),
-      src.settles && src.source ? this.opts.store.head(keys.settled(src.id)).then((h) => h !== null) : Promise.resolve(true),
-    ]);
-    const grand = src.source;
-    let ok = still && (settled || grand === undefined || await named(grand.name, grand.id));
-    if (!ok && still) ok = await this.settledByAge(srcName, src, rec.name);
+    // its name landed). Its maker's check is repeated here, after our record landed: its source
+    // named as it read it. Then either that source's rm sees our record (through our ancestry)
+    // and keeps the data, or we see it gone and undo ourselves; and if the source is undone
+    // anyway later, its meta stays for us (abandon). That source may itself be unsettled: the
+    // walk goes on up until a settled record, or one made without a source (a create, or a
+    // record from before markers), one round trip per unsettled level (reviewed finding: a
+    // check one level deep let a fork of a fork of an undone fork through).
+    const [first, firstSettled] = await Promise.all([named(srcName, src.id), settledOf(src)]);
+    let ok = first !== null;
+    let level: VolumeRecord = src;
+    let settled = firstSettled;
+    let gone: string | null = null;
+    for (let depth = 0; ok && !settled && level.source !== undefined; depth++) {
+      if (depth >= MAX_ANCESTRY) throw new CorruptError(`the sources of ${srcName} are more than ${MAX_ANCESTRY} unsettled records deep (a cycle?)`);
+      const up = level.source;
+      const [rec2, settled2] = await Promise.all([named(up.name, up.id), this.opts.store.head(keys.settled(up.id)).then((h) => h !== null)]);
+      if (rec2 === null) { gone = up.name; ok = false; break; }
+      level = rec2;
+      settled = settled2 || !(rec2.settles && rec2.source);
+    }
+    if (!ok && first !== null) ok = await this.settledByAge(srcName, src, rec.name);
     if (ok) return;
     await this.abandon(rec, true, rec.snapshot ? 'snapshot' : 'fork', `lost its source ${srcName}`); // waited out: no late try of our put re-creates it
-    throw new NotFoundError(still
-      ? `${srcName} was still being made from ${grand!.name}, which was removed meanwhile, so ${srcName} may be undone; nothing was created (try again in a few minutes: once ${srcName} is settled, or ${Math.round(3 * this.maxOpMs / 1000)} s old, a fork of it needs nothing of ${grand!.name})`
+    throw new NotFoundError(first !== null
+      ? `${srcName} was still being made from ${gone}, which was removed meanwhile, so ${srcName} may be undone; nothing was created (try again in a few minutes: once ${srcName} is settled, or ${Math.round(3 * this.maxOpMs / 1000)} s old, a fork of it needs nothing of ${gone})`
       : `${srcName} was removed while ${rec.name} was being made from it; nothing was created`);
   }
 

@@ -351,10 +351,10 @@ class HoldingStore implements ObjectStore {
   close(): Promise<void> { return this.inner.close(); }
 }
 
-/** Volume X of 16 MiB whose first MiB holds 7s, flushed and closed. */
-async function sourceWithData(catalog: StoreCatalog): Promise<void> {
-  await catalog.create('X', 16 * MiB);
-  const v = (await catalog.open('X', { readOnly: false })).backend as Volume;
+/** Volume `name` (X) of 16 MiB whose first MiB holds 7s, flushed and closed. */
+async function sourceWithData(catalog: StoreCatalog, name = 'X'): Promise<void> {
+  await catalog.create(name, 16 * MiB);
+  const v = (await catalog.open(name, { readOnly: false })).backend as Volume;
   await v.takeover(1);
   await v.write(0, Buffer.alloc(MiB, 7), false);
   await v.flush();
@@ -401,4 +401,77 @@ test('a settled fork of a removed source can be forked: its settled marker says 
   const f2 = (await catalog.open('F2', { readOnly: true })).backend as Volume;
   t.true((await f2.read(0, 4096)).equals(Buffer.alloc(4096, 7)));
   await f2.close();
+});
+
+const outcome = (p: Promise<unknown>): Promise<string> => p.then(() => 'made', (e: unknown) => (e instanceof NotFoundError ? 'undone' : `failed: ${String(e)}`));
+
+test('the check walks up every unsettled source: a fork of a fork of a fork whose source rm deleted is undone (reviewed finding)', async (t) => {
+  // W -> X (unsettled, to be undone: rm W deleted W's data before X's name landed) -> F
+  // (unsettled) -> F2. A check one level deep found X named and let F2 through.
+  const inner = new MemoryObjectStore();
+  const store = new HoldingStore(inner);
+  const cache = BlockCache.open({ capacityBytes: 64 * MiB });
+  const catalog = new StoreCatalog({ store, log: silentLogger(), cache: () => cache, volume: { maxOperationMs: 1000, segmentBytes: MiB } });
+  await sourceWithData(catalog, 'W');
+  const xName = store.hold('put', keys.volumeRecord('X'));
+  const x = outcome(catalog.fork('W', 'X'));
+  await xName.reached;
+  t.false((await catalog.remove('W')).keptForRelatives);
+  const xCheck = store.hold('get', keys.volumeRecord('W'));
+  xName.open();
+  await xCheck.reached; // X named, its check waits
+  const xId = (await catalog.rawRecord('X')).id;
+  const fCheck = store.hold('head', keys.settled(xId));
+  const f = outcome(catalog.fork('X', 'F'));
+  await fCheck.reached; // F named, its check waits
+  t.is(await outcome(catalog.fork('F', 'F2')), 'undone', 'F2: F unsettled, X unsettled, W gone');
+  xCheck.open();
+  fCheck.open();
+  t.is(await x, 'undone');
+  t.is(await f, 'undone');
+  t.deepEqual((await listAll(inner, 'volumes/')).map((o) => o.key), []);
+  await catalog.create('Y', MiB);
+  await t.notThrowsAsync(catalog.remove('Y'));
+});
+
+test('an attempt undone after its name was seen (a put whose reply was lost) keeps its meta when a fork of it was made meanwhile (reviewed finding)', async (t) => {
+  const inner = new MemoryObjectStore();
+  const holding = new HoldingStore(inner);
+  let failNamePut = false;
+  let failReadBack = false;
+  const store: ObjectStore = Object.assign(Object.create(holding) as ObjectStore, {
+    async put(key: string, body: Buffer, o?: PutOptions) {
+      await holding.put(key, body, o);
+      if (failNamePut && key === keys.volumeRecord('F')) {
+        failNamePut = false;
+        await new Promise((r) => setTimeout(r, 600)); // past the fork's budget (M/2)
+        throw new StoreUnavailableError('injected: the reply was lost after the put landed');
+      }
+    },
+    async get(key: string, range?: ByteRange, into?: Buffer) {
+      if (failReadBack && key === keys.volumeRecord('F')) { failReadBack = false; throw new StoreUnavailableError('injected: the read-back failed'); }
+      return holding.get(key, range, into);
+    },
+  });
+  const cache = BlockCache.open({ capacityBytes: 64 * MiB });
+  const catalog = new StoreCatalog({ store, log: silentLogger(), cache: () => cache, volume: { maxOperationMs: 1000, segmentBytes: MiB } });
+  await sourceWithData(catalog);
+  failNamePut = true;
+  failReadBack = true;
+  const del = holding.hold('delete', keys.volumeRecord('F')); // the undo's delete of F's name, once it found F named
+  const f = catalog.fork('X', 'F').then(() => 'made', () => 'failed');
+  await del.reached;
+  const v = (await catalog.open('F', { readOnly: false })).backend as Volume; // F is visible meanwhile: written, then forked
+  await v.takeover(1);
+  await v.write(0, Buffer.alloc(MiB, 9), false);
+  await v.flush();
+  await v.close();
+  t.is(await outcome(catalog.fork('F', 'F2')), 'made');
+  del.open();
+  await f;
+  const f2 = (await catalog.open('F2', { readOnly: true })).backend as Volume;
+  t.true((await f2.read(0, 4096)).equals(Buffer.alloc(4096, 9)), 'F2 reads what F held');
+  await f2.close();
+  await catalog.create('Y', MiB);
+  await t.notThrowsAsync(catalog.remove('Y'), 'no broken ancestry');
 });
