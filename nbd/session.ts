@@ -199,7 +199,7 @@ export class NbdSession {
       // already dispatched are completed and their replies handed to the socket first (for
       // at most lingerMs; then the socket is cut, which completes the replies it held, and
       // what still runs in the backend is waited for: the handle is released only after).
-      if (!(await this.idleOrLingered())) { this.sock.destroy(); await this.waitIdle(); }
+      await this.drainOrCut();
       this.handle?.release();
       this.handle = null;
       this.closeSocket();
@@ -245,6 +245,16 @@ export class NbdSession {
    * client that reads no reply keep a handed-off or shut-down session forever (reviewed
    * finding).
    */
+  /**
+   * Wait until every dispatched request's reply was taken by the socket; past lingerMs cut the
+   * socket (which completes the replies it held) and wait for what still runs in the backend.
+   */
+  private async drainOrCut(): Promise<void> {
+    if (await this.idleOrLingered()) return;
+    this.sock.destroy();
+    await this.waitIdle();
+  }
+
   private idleOrLingered(): Promise<boolean> {
     if (this.inflight === 0) return Promise.resolve(true);
     return new Promise((resolve) => {
@@ -553,7 +563,7 @@ export class NbdSession {
       // spot, which at 100k READs a second meant a young-generation collection every few ms).
       const req = codec.decodeRequest(this.reader.tryRead(C.REQUEST_SIZE) ?? await this.reader.read(C.REQUEST_SIZE));
       if (req.type === C.NBD_CMD_DISC) {
-        if (!(await this.idleOrLingered())) { this.sock.destroy(); await this.waitIdle(); }
+        await this.drainOrCut();
         if (!backend.readOnly && !this.shuttingDown) {
           // nbdcopy and raw device users often end with DISC and no FLUSH: flush on their
           // behalf, best effort (nobody is left to hear a failure; the data stays dirty).

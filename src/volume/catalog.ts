@@ -405,7 +405,10 @@ export class StoreCatalog implements VolumeCatalog {
    */
   private async confirmSource(srcName: string, src: VolumeRecord, rec: VolumeRecord): Promise<void> {
     const named = (name: string, id: string): Promise<VolumeRecord | null> => this.rawRecord(name).then((r) => (r.id === id ? r : null), (err) => { if (err instanceof NotFoundError) return null; throw err; });
-    const settledOf = (r: VolumeRecord): Promise<boolean> => (r.settles && r.source ? this.opts.store.head(keys.settled(r.id)).then((h) => h !== null) : Promise.resolve(true));
+    const marked = (id: string): Promise<boolean> => this.opts.store.head(keys.settled(id)).then((h) => h !== null);
+    // Whether a record may still be undone: its maker puts a marker (`settles`), it has a
+    // source that could have gone, and the marker is not there.
+    const unsettled = (r: VolumeRecord, hasMarker: boolean): boolean => r.settles === true && r.source !== undefined && !hasMarker;
     // A source that is not settled yet may itself still be undone (its own source went before
     // its name landed). Its maker's check is repeated here, after our record landed: its source
     // named as it read it. Then either that source's rm sees our record (through our ancestry)
@@ -414,18 +417,19 @@ export class StoreCatalog implements VolumeCatalog {
     // walk goes on up until a settled record, or one made without a source (a create, or a
     // record from before markers), one round trip per unsettled level (reviewed finding: a
     // check one level deep let a fork of a fork of an undone fork through).
-    const [first, firstSettled] = await Promise.all([named(srcName, src.id), settledOf(src)]);
+    const needsMarker = src.settles === true && src.source !== undefined;
+    const [first, srcMarked] = await Promise.all([named(srcName, src.id), needsMarker ? marked(src.id) : Promise.resolve(true)]);
     let ok = first !== null;
     let level: VolumeRecord = src;
-    let settled = firstSettled;
+    let open = unsettled(src, srcMarked);
     let gone: string | null = null;
-    for (let depth = 0; ok && !settled && level.source !== undefined; depth++) {
+    for (let depth = 0; ok && open; depth++) {
       if (depth >= MAX_ANCESTRY) throw new CorruptError(`the sources of ${srcName} are more than ${MAX_ANCESTRY} unsettled records deep (a cycle?)`);
-      const up = level.source;
-      const [rec2, settled2] = await Promise.all([named(up.name, up.id), this.opts.store.head(keys.settled(up.id)).then((h) => h !== null)]);
-      if (rec2 === null) { gone = up.name; ok = false; break; }
-      level = rec2;
-      settled = settled2 || !(rec2.settles && rec2.source);
+      const up = level.source!;
+      const [upRec, upMarked] = await Promise.all([named(up.name, up.id), marked(up.id)]);
+      if (upRec === null) { gone = up.name; ok = false; break; }
+      level = upRec;
+      open = unsettled(upRec, upMarked);
     }
     if (!ok && first !== null) ok = await this.settledByAge(srcName, src, rec.name);
     if (ok) return;

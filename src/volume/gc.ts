@@ -142,8 +142,9 @@
  *     (it is not listed), so F's confirmSource (catalog.ts), which reads S's record after F
  *     landed, finds it gone and undoes F: it is never acknowledged and no volume maps it.
  *     (Nor one made of F before F's check ran: F is not settled then, so such a fork repeats
- *     F's check after it landed, catalog.ts confirmSource, and undoes itself too; an undone
- *     record a fork did descend from keeps its meta, abandon.)
+ *     the check of F and of every unsettled record above it after it landed, catalog.ts
+ *     confirmSource, and undoes itself too; an undone record whose name was seen keeps its
+ *     meta while a fork descends from it, abandon. Not covered: settledByAge's assumption.)
  *     If S's record is listed at T1 but gone when read, map_L(S) is not in R: F (listed or
  *     not) landed before S's record went (its confirmSource found S after it landed), so
  *     before our read found it gone; the run then lists the records again, as after a live
@@ -334,6 +335,9 @@ async function storeNow(store: ObjectStore, world: World): Promise<number> {
   return h.lastModified.getTime();
 }
 
+/** Every settled marker's key ends so (format.ts keys.settled): the GC pass tests this before parsing a key. */
+const SETTLED_SUFFIX = '/settled';
+
 /** A record as listed under `volumes/`, and the etag it was listed with (null: the store gave none). */
 interface ListedRecord { rec: VolumeRecord; etag: string | null }
 
@@ -350,7 +354,7 @@ async function listRecords(store: ObjectStore, previous: Map<string, Contributio
     try {
       return { rec: decodeVolumeRecord(await store.get(o.key), o.key), etag: o.etag ?? null };
     } catch (err) {
-      if (err instanceof NotFoundError) return null; // removed after it was listed: see collectReferences
+      if (err instanceof NotFoundError) return null; // removed after it was listed: see referenceSet
       throw err;
     }
   });
@@ -562,8 +566,10 @@ export async function collectGarbage(catalog: StoreCatalog, opts: GcOptions = {}
     const f = forkMarkerOf(o.key);
     if (f !== null && refs.has(keys.meta(f.child))) refs.add(o.key);
     // Likewise a record's settled marker (catalog.ts markSettled) lives as long as its meta.
-    const id = idOf(o.key);
-    if (id !== null && o.key === keys.settled(id) && refs.has(keys.meta(id))) refs.add(o.key);
+    if (o.key.endsWith(SETTLED_SUFFIX)) {
+      const id = idOf(o.key);
+      if (id !== null && o.key === keys.settled(id) && refs.has(keys.meta(id))) refs.add(o.key);
+    }
   }
   for (const o of objects) {
     const id = idOf(o.key);
